@@ -1,0 +1,526 @@
+#include "UnifiedAllocator.h"
+
+#include "CudaRuntime.h"
+#include "HostRegistration.h"
+
+#include <c10/util/Exception.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#ifndef MFD_CLOEXEC
+#include <sys/syscall.h>
+#define MFD_CLOEXEC 0x0001U
+#endif
+
+namespace c10::unified {
+
+struct Block {
+  enum Kind { kCached, kExact, kForeign };
+  Kind kind;
+  void* ptr = nullptr;
+  size_t size = 0;      // bytes mapped (capacity)
+  size_t requested = 0; // bytes the current owner asked for
+  int fd = -1;          // memfd behind an exact block
+  std::mutex map_mutex;
+  std::atomic<bool> mapped{false};
+  uint64_t mapped_generation = 0; // fork_generation() when mapped
+  std::unique_ptr<HostRegistration> registration;
+  std::vector<c10::Stream> streams; // streams that may still touch it
+  c10::Storage keep;                // foreign pages' owner
+};
+
+namespace {
+
+struct Pending {
+  Block* block;
+  std::vector<void*> events;
+};
+
+struct State {
+  std::mutex mutex;
+  std::unordered_map<size_t, std::vector<Block*>> free_lists;
+  std::list<Pending> pending;
+  int64_t allocated = 0;
+  int64_t peak = 0;
+  int64_t reserved = 0;
+  int64_t foreign = 0;
+  int64_t active_blocks = 0;
+  int64_t cached_blocks = 0;
+  int64_t num_alloc = 0;
+  int64_t num_free = 0;
+  int64_t num_shared_migrations = 0;
+};
+
+State& state() {
+  static auto* s = new State(); // never destroyed: blocks may die at exit
+  return *s;
+}
+
+size_t round_up(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+size_t size_class(size_t n) {
+  size_t c = host_page_size();
+  while (c < n) {
+    c <<= 1;
+  }
+  return c;
+}
+
+int make_memfd() {
+#ifdef SYS_memfd_create
+  return static_cast<int>(syscall(SYS_memfd_create, "torch_direct", MFD_CLOEXEC));
+#else
+  return memfd_create("torch_direct", MFD_CLOEXEC);
+#endif
+}
+
+std::string describe_errno(int err) {
+  return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
+}
+
+Block* new_cached_block(size_t cls) {
+  void* p = mmap(nullptr, cls, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TORCH_CHECK(p != MAP_FAILED, "torch_direct: cannot allocate ", cls,
+              " bytes of unified memory: mmap failed: ", describe_errno(errno));
+  auto* b = new Block();
+  b->kind = Block::kCached;
+  b->ptr = p;
+  b->size = cls;
+  return b;
+}
+
+Block* new_exact_block(size_t nbytes) {
+  const size_t size = round_up(nbytes, host_page_size());
+  int fd = make_memfd();
+  TORCH_CHECK(fd >= 0, "torch_direct: cannot allocate ", nbytes,
+              " bytes of unified memory: memfd_create failed: ",
+              describe_errno(errno));
+  // Reserve the pages now, so that a table larger than the machine can hold
+  // fails here with a Python error instead of a SIGBUS on first touch.
+  int rc = ftruncate(fd, static_cast<off_t>(size));
+  if (rc == 0) {
+    rc = posix_fallocate(fd, 0, static_cast<off_t>(size));
+    if (rc != 0) {
+      errno = rc;
+      rc = -1;
+    }
+  }
+  if (rc != 0) {
+    int err = errno;
+    close(fd);
+    TORCH_CHECK(false, "torch_direct: cannot allocate ", nbytes, " bytes (",
+                nbytes >> 20, " MiB) of unified memory: the host could not "
+                "reserve the pages: ", describe_errno(err));
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    close(fd);
+    TORCH_CHECK(false, "torch_direct: cannot allocate ", nbytes, " bytes (",
+                nbytes >> 20, " MiB) of unified memory: mmap failed: ",
+                describe_errno(err));
+  }
+  auto* b = new Block();
+  b->kind = Block::kExact;
+  b->ptr = p;
+  b->size = size;
+  b->fd = fd;
+  return b;
+}
+
+void destroy_block(Block* b) {
+  b->registration.reset(); // unregister before the pages go away
+  if (b->kind != Block::kForeign) {
+    munmap(b->ptr, b->size);
+  }
+  if (b->fd >= 0) {
+    close(b->fd);
+  }
+  delete b; // drops `keep` (a foreign owner) outside the allocator's lock
+}
+
+// Under the lock: a free block with no pending GPU work either returns to the
+// cache or is handed back for destruction.
+void release_locked(State& s, Block* b, std::vector<Block*>& to_destroy) {
+  b->streams.clear();
+  if (b->kind == Block::kCached) {
+    s.free_lists[b->size].push_back(b);
+    s.cached_blocks += 1;
+  } else {
+    s.reserved -= b->kind == Block::kExact ? static_cast<int64_t>(b->size) : 0;
+    to_destroy.push_back(b);
+  }
+}
+
+void map_block(Block* b) {
+  const uint64_t gen = fork_generation();
+  if (b->mapped.load(std::memory_order_acquire) && b->mapped_generation == gen) {
+    return;
+  }
+  std::lock_guard<std::mutex> g(b->map_mutex);
+  if (b->mapped.load(std::memory_order_relaxed) && b->mapped_generation == gen) {
+    return;
+  }
+  b->registration = register_host_range(b->ptr, b->size);
+  void* dev = cuda::device_pointer(b->ptr);
+  TORCH_CHECK(dev == b->ptr,
+              "torch_direct: this GPU maps registered host memory at a different "
+              "address than the host's; unified tensors need a GPU and driver "
+              "that can use host pointers directly (64-bit UVA)");
+  b->mapped_generation = gen;
+  b->mapped.store(true, std::memory_order_release);
+}
+
+void maybe_eager_map(Block* b) {
+  // Registering costs the same now or at first GPU use; doing it now keeps
+  // the first gather's timing clean, but only once this process uses CUDA
+  // (registering would otherwise create a context and break fork()).
+  if (cuda::context_initialized()) {
+    map_block(b);
+  }
+}
+
+Block* block_of(const c10::DataPtr& ptr) {
+  if (ptr.get_deleter() != &UnifiedAllocator::raw_delete) {
+    return nullptr;
+  }
+  return static_cast<Block*>(ptr.get_context());
+}
+
+} // namespace
+
+void UnifiedAllocator::process_pending_locked() {
+  auto& s = state();
+  std::vector<Block*> to_destroy;
+  for (auto it = s.pending.begin(); it != s.pending.end();) {
+    bool done = true;
+    for (void* ev : it->events) {
+      if (!cuda::event_done(ev)) {
+        done = false;
+        break;
+      }
+    }
+    if (done) {
+      for (void* ev : it->events) {
+        cuda::event_destroy(ev);
+      }
+      release_locked(s, it->block, to_destroy);
+      it = s.pending.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (Block* b : to_destroy) {
+    destroy_block(b); // only exact/foreign: no re-entry into this allocator
+  }
+}
+
+c10::DataPtr UnifiedAllocator::allocate(size_t nbytes) {
+  if (nbytes == 0) {
+    return c10::DataPtr(nullptr, unified_device());
+  }
+  auto& s = state();
+  Block* b = nullptr;
+  {
+    std::lock_guard<std::mutex> g(s.mutex);
+    process_pending_locked();
+    if (nbytes <= kSmallBlockLimit) {
+      auto& list = s.free_lists[size_class(nbytes)];
+      if (!list.empty()) {
+        b = list.back();
+        list.pop_back();
+        s.cached_blocks -= 1;
+      }
+    }
+  }
+  bool fresh = false;
+  if (b == nullptr) {
+    b = nbytes <= kSmallBlockLimit ? new_cached_block(size_class(nbytes))
+                                   : new_exact_block(nbytes);
+    fresh = true;
+  }
+  b->requested = nbytes;
+  {
+    std::lock_guard<std::mutex> g(s.mutex);
+    if (fresh) {
+      s.reserved += static_cast<int64_t>(b->size);
+    }
+    s.allocated += static_cast<int64_t>(nbytes);
+    s.peak = std::max(s.peak, s.allocated);
+    s.active_blocks += 1;
+    s.num_alloc += 1;
+  }
+  if (fresh) {
+    maybe_eager_map(b);
+  }
+  return c10::DataPtr(b->ptr, b, &UnifiedAllocator::raw_delete, unified_device());
+}
+
+void UnifiedAllocator::raw_delete(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  auto& s = state();
+  std::vector<Block*> to_destroy;
+  {
+    std::lock_guard<std::mutex> g(s.mutex);
+    s.num_free += 1;
+    s.active_blocks -= 1;
+    if (b->kind == Block::kForeign) {
+      s.foreign -= static_cast<int64_t>(b->size);
+    } else {
+      s.allocated -= static_cast<int64_t>(b->requested);
+    }
+    std::vector<void*> events;
+    for (const auto& st : b->streams) {
+      events.push_back(cuda::record_event(st));
+    }
+    if (events.empty()) {
+      release_locked(s, b, to_destroy);
+    } else {
+      s.pending.push_back(Pending{b, std::move(events)});
+    }
+  }
+  for (Block* d : to_destroy) {
+    destroy_block(d);
+  }
+}
+
+void UnifiedAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  if (count > 0) {
+    std::memcpy(dest, src, count);
+  }
+}
+
+c10::DataPtr UnifiedAllocator::alias_foreign(void* ptr, size_t nbytes, c10::Storage keep) {
+  auto* b = new Block();
+  b->kind = Block::kForeign;
+  b->ptr = ptr;
+  b->size = nbytes;
+  b->requested = nbytes;
+  b->keep = std::move(keep);
+  try {
+    // Pinning in place is an explicit request: do it now, in chunks.
+    b->registration = register_host_range(ptr, nbytes);
+    b->mapped_generation = fork_generation();
+    b->mapped = true;
+  } catch (...) {
+    delete b;
+    throw;
+  }
+  auto& s = state();
+  {
+    std::lock_guard<std::mutex> g(s.mutex);
+    s.foreign += static_cast<int64_t>(nbytes);
+    s.active_blocks += 1;
+    s.num_alloc += 1;
+  }
+  return c10::DataPtr(ptr, b, &UnifiedAllocator::raw_delete, unified_device());
+}
+
+c10::DataPtr UnifiedAllocator::import_shared(int fd, size_t nbytes) {
+  struct stat st {};
+  TORCH_CHECK(fstat(fd, &st) == 0, "torch_direct: cannot import shared unified memory: fstat: ",
+              describe_errno(errno));
+  const size_t size = static_cast<size_t>(st.st_size);
+  TORCH_CHECK(nbytes <= size, "torch_direct: shared unified block holds ", size,
+              " bytes but ", nbytes, " were expected");
+  if (size == 0) {
+    return c10::DataPtr(nullptr, unified_device());
+  }
+  int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  TORCH_CHECK(own >= 0, "torch_direct: cannot import shared unified memory: dup: ",
+              describe_errno(errno));
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, own, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    close(own);
+    TORCH_CHECK(false, "torch_direct: cannot map ", size,
+                " bytes of shared unified memory: ", describe_errno(err));
+  }
+  auto* b = new Block();
+  b->kind = Block::kExact;
+  b->ptr = p;
+  b->size = size;
+  b->requested = nbytes;
+  b->fd = own;
+  auto& s = state();
+  {
+    std::lock_guard<std::mutex> g(s.mutex);
+    s.reserved += static_cast<int64_t>(size);
+    s.allocated += static_cast<int64_t>(nbytes);
+    s.peak = std::max(s.peak, s.allocated);
+    s.active_blocks += 1;
+    s.num_alloc += 1;
+  }
+  maybe_eager_map(b);
+  return c10::DataPtr(p, b, &UnifiedAllocator::raw_delete, unified_device());
+}
+
+std::pair<int, size_t> UnifiedAllocator::share(c10::StorageImpl* storage) {
+  Block* b = block_of(storage->data_ptr());
+  if (storage->nbytes() == 0 || b == nullptr) {
+    TORCH_CHECK(storage->nbytes() == 0, "torch_direct: this storage was not made by the unified allocator");
+    return {-1, 0};
+  }
+  TORCH_CHECK(b->kind != Block::kForeign,
+              "torch_direct: a tensor pinned in place (pin_inplace) aliases a CPU "
+              "tensor's own memory and cannot be moved into shared memory without "
+              "breaking that alias. Call share_memory_() on the CPU tensor before "
+              "pin_inplace(), or send the CPU tensor and pin it in the receiving process.");
+  if (b->kind == Block::kExact) {
+    return {b->fd, b->size};
+  }
+  // A small cached block: move its bytes into a shared block, keep identity.
+  const size_t nbytes = storage->nbytes();
+  synchronize_users(storage->data_ptr());
+  Block* nb = new_exact_block(nbytes);
+  nb->requested = nbytes;
+  std::memcpy(nb->ptr, b->ptr, nbytes);
+  {
+    auto& s = state();
+    std::lock_guard<std::mutex> g(s.mutex);
+    s.reserved += static_cast<int64_t>(nb->size);
+    s.allocated += static_cast<int64_t>(nbytes);
+    s.active_blocks += 1;
+    s.num_alloc += 1;
+    s.num_shared_migrations += 1;
+  }
+  storage->set_data_ptr_noswap(
+      c10::DataPtr(nb->ptr, nb, &UnifiedAllocator::raw_delete, unified_device()));
+  return {nb->fd, nb->size};
+}
+
+void* UnifiedAllocator::ensure_mapped(const c10::DataPtr& ptr) {
+  Block* b = static_cast<Block*>(ptr.get_context());
+  if (ptr.get() == nullptr || !cuda::available()) {
+    return ptr.get();
+  }
+  TORCH_CHECK(b != nullptr && block_of(ptr) == b, "torch_direct: not a unified block");
+  map_block(b);
+  return ptr.get();
+}
+
+bool UnifiedAllocator::is_mapped(const c10::DataPtr& ptr) const {
+  Block* b = block_of(ptr);
+  return b != nullptr && b->mapped.load() && b->mapped_generation == fork_generation();
+}
+
+void UnifiedAllocator::record_stream(const c10::DataPtr& ptr, c10::Stream stream) {
+  Block* b = block_of(ptr);
+  if (b == nullptr) {
+    return;
+  }
+  std::lock_guard<std::mutex> g(state().mutex);
+  for (const auto& s : b->streams) {
+    if (s == stream) {
+      return;
+    }
+  }
+  b->streams.push_back(stream);
+}
+
+void UnifiedAllocator::synchronize_users(const c10::DataPtr& ptr) {
+  Block* b = block_of(ptr);
+  if (b == nullptr) {
+    return;
+  }
+  std::vector<c10::Stream> streams;
+  {
+    std::lock_guard<std::mutex> g(state().mutex);
+    streams = b->streams;
+  }
+  for (const auto& s : streams) {
+    cuda::stream_synchronize(s);
+  }
+}
+
+c10::Storage UnifiedAllocator::foreign_owner(const c10::DataPtr& ptr) const {
+  Block* b = block_of(ptr);
+  TORCH_CHECK(b != nullptr && b->kind == Block::kForeign,
+              "torch_direct: this unified tensor was not pinned in place");
+  return b->keep;
+}
+
+bool UnifiedAllocator::owns(const c10::DataPtr& ptr) const {
+  return block_of(ptr) != nullptr;
+}
+
+std::string UnifiedAllocator::kind_of(const c10::DataPtr& ptr) const {
+  Block* b = block_of(ptr);
+  if (b == nullptr) {
+    return "";
+  }
+  switch (b->kind) {
+    case Block::kCached: return "cached";
+    case Block::kExact: return "exact";
+    case Block::kForeign: return "foreign";
+  }
+  return "";
+}
+
+std::map<std::string, int64_t> UnifiedAllocator::stats() {
+  auto& s = state();
+  std::lock_guard<std::mutex> g(s.mutex);
+  process_pending_locked();
+  return {
+      {"allocated_bytes", s.allocated},
+      {"allocated_bytes.peak", s.peak},
+      {"reserved_bytes", s.reserved},
+      {"pinned_in_place_bytes", s.foreign},
+      {"pinned_bytes", static_cast<int64_t>(registered_bytes())},
+      {"pinned_registrations", static_cast<int64_t>(registration_count())},
+      {"active_blocks", s.active_blocks},
+      {"cached_blocks", s.cached_blocks},
+      {"pending_free_blocks", static_cast<int64_t>(s.pending.size())},
+      {"num_alloc", s.num_alloc},
+      {"num_free", s.num_free},
+      {"num_shared_migrations", s.num_shared_migrations},
+  };
+}
+
+void UnifiedAllocator::empty_cache() {
+  auto& s = state();
+  std::vector<Block*> to_destroy;
+  {
+    std::lock_guard<std::mutex> g(s.mutex);
+    process_pending_locked();
+    for (auto& kv : s.free_lists) {
+      for (Block* b : kv.second) {
+        s.reserved -= static_cast<int64_t>(b->size);
+        to_destroy.push_back(b);
+      }
+      kv.second.clear();
+    }
+    s.cached_blocks = 0;
+  }
+  for (Block* b : to_destroy) {
+    destroy_block(b);
+  }
+}
+
+void UnifiedAllocator::reset_peak() {
+  auto& s = state();
+  std::lock_guard<std::mutex> g(s.mutex);
+  s.peak = s.allocated;
+}
+
+UnifiedAllocator* get_allocator() {
+  static UnifiedAllocator allocator;
+  return &allocator;
+}
+
+} // namespace c10::unified

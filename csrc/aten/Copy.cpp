@@ -1,0 +1,114 @@
+// Copies in every direction between unified, CPU and CUDA tensors (rule R5).
+// Host<->unified and unified<->unified copies run on the CPU over the same
+// pages; unified<->CUDA copies are one DMA when both sides are dense with the
+// same layout and dtype, else a CUDA kernel reading/writing the pages in place.
+
+#include "Placement.h"
+#include "UnifiedKernels.h"
+
+#include "../../c10_allocator/CudaRuntime.h"
+#include "../../c10_allocator/UnifiedAllocator.h"
+
+#include <ATen/ATen.h>
+
+namespace at::native {
+namespace {
+
+using unified::alias_as;
+using unified::is_unified;
+namespace alloc = c10::unified;
+
+bool dma_compatible(const at::Tensor& a, const at::Tensor& b) {
+  return a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides() && a.is_non_overlapping_and_dense() &&
+         a.is_conj() == b.is_conj() && a.is_neg() == b.is_neg() &&
+         // dense with equal strides: both occupy one span of numel elements
+         a.numel() > 0;
+}
+
+void* span_start(const at::Tensor& t) {
+  // The lowest address of a non-overlapping dense tensor (strides may be
+  // permuted but are non-negative).
+  return static_cast<char*>(t.storage().data_ptr().get()) +
+         t.storage_offset() * t.element_size();
+}
+
+// One DMA between a unified tensor and a CUDA tensor on the CUDA side's
+// current stream.
+void dma(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& unified_side,
+         c10::Device cuda_device, bool non_blocking) {
+  auto* allocator = alloc::get_allocator();
+  const auto& dp = unified_side.storage().data_ptr();
+  const c10::Stream stream = alloc::cuda::current_stream_of(cuda_device.index());
+  if (allocator->owns(dp)) {
+    allocator->ensure_mapped(dp);
+    allocator->record_stream(dp, stream);
+  }
+  alloc::cuda::memcpy_async(span_start(dst), span_start(src),
+                            static_cast<size_t>(src.numel()) * src.element_size(), stream);
+  if (!non_blocking) {
+    alloc::cuda::stream_synchronize(stream);
+  }
+}
+
+} // namespace
+
+at::Tensor _copy_from_unified(const at::Tensor& self, const at::Tensor& dst,
+                              bool non_blocking) {
+  const at::Tensor& src = self;
+  TORCH_CHECK(dst.defined() && src.defined(), "copy_: undefined tensor");
+  const bool src_u = is_unified(src);
+  const bool dst_u = is_unified(dst);
+  TORCH_CHECK(src_u || dst_u, "_copy_from_unified: neither tensor is unified");
+
+  if (src_u && dst_u) {
+    alias_as(dst, c10::kCPU).copy_(alias_as(src, c10::kCPU));
+    return dst;
+  }
+  if (dst_u) {
+    TORCH_CHECK(src.is_cpu() || src.is_cuda(),
+                "copy_: cannot copy from a ", src.device().type(),
+                " tensor into a unified tensor (supported: cpu, cuda, unified)");
+    if (src.is_cuda()) {
+      if (dma_compatible(src, dst)) {
+        dma(src, dst, dst, src.device(), non_blocking);
+      } else {
+        alias_as(dst, src.device()).copy_(src);
+        if (!non_blocking) {
+          alloc::cuda::stream_synchronize(alloc::cuda::current_stream_of(src.device().index()));
+        }
+      }
+    } else {
+      alias_as(dst, c10::kCPU).copy_(src);
+    }
+    return dst;
+  }
+  // src is unified, dst is not
+  TORCH_CHECK(dst.is_cpu() || dst.is_cuda(),
+              "copy_: cannot copy a unified tensor into a ", dst.device().type(),
+              " tensor (supported: cpu, cuda, unified)");
+  if (dst.is_cuda()) {
+    if (dma_compatible(src, dst)) {
+      dma(src, dst, src, dst.device(), non_blocking);
+    } else {
+      dst.copy_(alias_as(src, dst.device()));
+      if (!non_blocking) {
+        alloc::cuda::stream_synchronize(alloc::cuda::current_stream_of(dst.device().index()));
+      }
+    }
+  } else {
+    dst.copy_(alias_as(src, c10::kCPU));
+  }
+  return dst;
+}
+
+at::Tensor _copy_from_and_resize_unified(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return _copy_from_unified(self, dst, false);
+}
+
+c10::Scalar _local_scalar_dense_unified(const at::Tensor& self) {
+  return at::_local_scalar_dense(alias_as(self, c10::kCPU));
+}
+
+} // namespace at::native

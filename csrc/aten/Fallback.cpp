@@ -1,0 +1,201 @@
+// The boxed fallback: every ATen op without a dedicated unified kernel gets the
+// placement rules R1-R6 by running its CPU or CUDA kernel on aliases of the
+// unified operands (same bytes, no copy).
+
+#include "Placement.h"
+#include "UnifiedKernels.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/util/irange.h>
+
+#include <optional>
+
+namespace at::native::unified {
+namespace {
+
+// The alias set an argument or return is annotated with (e.g. `a` in
+// `Tensor(a!)` or `Tensor(a)[]`), if any.
+const c10::AliasInfo* alias_info_of(const c10::Argument& a) {
+  if (a.alias_info() != nullptr) {
+    return a.alias_info();
+  }
+  return nullptr;
+}
+
+bool same_set(const c10::AliasInfo* x, const c10::AliasInfo* y) {
+  if (x == nullptr || y == nullptr) {
+    return false;
+  }
+  if (!x->containedTypes().empty() || !y->containedTypes().empty()) {
+    // Tensor(a)[]: compare the element annotations too.
+    const auto* xe = x->containedTypes().empty() ? x : &x->containedTypes()[0];
+    const auto* ye = y->containedTypes().empty() ? y : &y->containedTypes()[0];
+    return xe->beforeSets() == ye->beforeSets() || x->beforeSets() == y->beforeSets();
+  }
+  return x->beforeSets() == y->beforeSets();
+}
+
+bool is_write(const c10::AliasInfo* a) {
+  if (a == nullptr) {
+    return false;
+  }
+  if (a->isWrite()) {
+    return true;
+  }
+  for (const auto& c : a->containedTypes()) {
+    if (c.isWrite()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void collect(const c10::IValue& v, std::vector<at::Tensor>& out) {
+  if (v.isTensor()) {
+    out.push_back(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) {
+      out.push_back(t);
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) {
+        out.push_back(e.toTensor());
+      }
+    }
+  }
+}
+
+// Replace each unified tensor inside `v` by an alias on `target`; remember the
+// originals (in order) so that outputs can be mapped back.
+c10::IValue substitute(const c10::IValue& v, c10::Device target, bool resizable,
+                       std::vector<at::Tensor>& originals,
+                       std::vector<at::Tensor>& aliases) {
+  auto swap = [&](const at::Tensor& t) -> at::Tensor {
+    if (!is_unified(t)) {
+      return t;
+    }
+    at::Tensor a = alias_as(t, target, resizable);
+    originals.push_back(t);
+    aliases.push_back(a);
+    return a;
+  };
+  if (v.isTensor()) {
+    return swap(v.toTensor());
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) {
+      l.push_back(swap(t));
+    }
+    return l;
+  }
+  if (v.isList()) {
+    // Tensor?[] (e.g. the indices of index.Tensor)
+    const auto& ref = v.toListRef();
+    bool any = false;
+    for (const auto& e : ref) {
+      any = any || (e.isTensor() && is_unified(e.toTensor()));
+    }
+    if (!any) {
+      return v;
+    }
+    c10::List<std::optional<at::Tensor>> l;
+    for (const auto& e : ref) {
+      if (e.isTensor()) {
+        l.push_back(swap(e.toTensor()));
+      } else {
+        l.push_back(std::nullopt);
+      }
+    }
+    return l;
+  }
+  if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+    return target;
+  }
+  return v;
+}
+
+} // namespace
+
+void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                      torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto num_args = schema.arguments().size();
+  const auto args_begin = stack->size() - num_args;
+
+  std::vector<at::Tensor> operands;
+  bool unified_device_arg = false;
+  for (const auto i : c10::irange(num_args)) {
+    const auto& v = (*stack)[args_begin + i];
+    collect(v, operands);
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      unified_device_arg = true;
+    }
+  }
+  const c10::Device target = compute_device(operands);
+
+  // Per argument: the unified originals and their aliases.
+  std::vector<std::vector<at::Tensor>> originals(num_args), aliases(num_args);
+  for (const auto i : c10::irange(num_args)) {
+    auto& v = (*stack)[args_begin + i];
+    const bool written = is_write(alias_info_of(schema.arguments()[i]));
+    v = substitute(v, target, written, originals[i], aliases[i]);
+  }
+
+  op.callBoxed(stack);
+
+  const auto& returns = schema.returns();
+  const auto rets_begin = stack->size() - returns.size();
+  for (const auto r : c10::irange(returns.size())) {
+    auto& out = (*stack)[rets_begin + r];
+    const c10::AliasInfo* rinfo = alias_info_of(returns[r]);
+    std::optional<size_t> source;
+    if (rinfo != nullptr) {
+      for (const auto i : c10::irange(num_args)) {
+        if (same_set(rinfo, alias_info_of(schema.arguments()[i]))) {
+          source = i;
+          break;
+        }
+      }
+    }
+    if (source.has_value() && !originals[*source].empty()) {
+      const auto& orig = originals[*source];
+      const auto& als = aliases[*source];
+      if (is_write(rinfo)) {
+        // R4: in-place / out=: the result is the unified destination itself.
+        for (const auto k : c10::irange(orig.size())) {
+          write_back(orig[k], als[k]);
+        }
+        if (out.isTensor()) {
+          out = orig[0];
+        } else if (out.isTensorList()) {
+          c10::List<at::Tensor> l;
+          for (const auto& t : orig) {
+            l.push_back(t);
+          }
+          out = l;
+        }
+      } else if (out.isTensor()) {
+        out = rewrap_view(orig[0], out.toTensor()); // R6
+      } else if (out.isTensorList()) {
+        c10::List<at::Tensor> l;
+        for (const at::Tensor& t : out.toTensorList()) {
+          l.push_back(rewrap_view(orig[0], t));
+        }
+        out = l;
+      }
+      continue;
+    }
+    if (unified_device_arg) {
+      // A factory asked for the unified device: place its result there.
+      if (out.isTensor() && out.toTensor().defined()) {
+        out = out.toTensor().to(c10::Device(c10::DeviceType::PrivateUse1, 0));
+      }
+    }
+  }
+}
+
+} // namespace at::native::unified

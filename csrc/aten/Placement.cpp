@@ -1,0 +1,123 @@
+#include "Placement.h"
+
+#include "../../c10_allocator/CudaRuntime.h"
+#include "../../c10_allocator/UnifiedAllocator.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+
+namespace at::native::unified {
+
+namespace alloc = c10::unified;
+
+bool is_unified(const at::Tensor& t) {
+  return t.defined() && t.device().type() == alloc::kUnifiedDeviceType;
+}
+
+c10::Device default_compute_device() {
+  if (alloc::cuda::available()) {
+    return c10::Device(c10::kCUDA, alloc::cuda::current_device());
+  }
+  return c10::Device(c10::kCPU);
+}
+
+c10::Device compute_device(const std::vector<at::Tensor>& operands) {
+  for (const auto& t : operands) {
+    if (t.defined() && t.is_cuda()) {
+      return t.device(); // R1
+    }
+  }
+  for (const auto& t : operands) {
+    if (t.defined() && t.is_cpu() && t.dim() > 0) {
+      return c10::Device(c10::kCPU); // R2
+    }
+  }
+  return default_compute_device(); // R3
+}
+
+namespace {
+void drop_storage_ref(void* ctx) {
+  delete static_cast<c10::Storage*>(ctx);
+}
+} // namespace
+
+void synchronize_for_host(const at::Tensor& u) {
+  if (u.storage().data_ptr().get() != nullptr) {
+    alloc::get_allocator()->synchronize_users(u.storage().data_ptr());
+  }
+}
+
+at::Tensor alias_as(const at::Tensor& u, c10::Device target, bool resizable) {
+  TORCH_INTERNAL_ASSERT(is_unified(u));
+  TORCH_CHECK(target.is_cpu() || target.is_cuda(),
+              "unified tensors run on CPU or CUDA devices, not ", target);
+  const c10::Storage& storage = u.storage();
+  const auto& dp = storage.data_ptr();
+  void* base = dp.get();
+  if (base != nullptr) {
+    if (target.is_cuda()) {
+      auto* allocator = alloc::get_allocator();
+      if (allocator->owns(dp)) {
+        allocator->ensure_mapped(dp);
+        allocator->record_stream(dp, alloc::cuda::current_stream_of(target.index()));
+      }
+    } else {
+      synchronize_for_host(u);
+    }
+  }
+  c10::DataPtr alias_ptr(base, new c10::Storage(storage), &drop_storage_ref, target);
+  c10::Allocator* resize_allocator = nullptr;
+  if (resizable) {
+    resize_allocator = target.is_cuda() ? alloc::cuda::device_allocator()
+                                        : c10::GetCPUAllocator();
+  }
+  c10::Storage alias_storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                             std::move(alias_ptr), resize_allocator,
+                             /*resizable=*/resize_allocator != nullptr);
+  auto key = target.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(alias_storage), c10::DispatchKeySet(key), u.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(u.sizes(), u.strides(),
+                                                 u.storage_offset());
+  if (u.is_conj()) {
+    t._set_conj(true);
+  }
+  if (u.is_neg()) {
+    t._set_neg(true);
+  }
+  return t;
+}
+
+void write_back(const at::Tensor& u, const at::Tensor& alias) {
+  const bool same_bytes =
+      alias.storage().data_ptr().get() == u.storage().data_ptr().get();
+  if (same_bytes) {
+    if (alias.sizes() != u.sizes() || alias.strides() != u.strides() ||
+        alias.storage_offset() != u.storage_offset()) {
+      u.unsafeGetTensorImpl()->set_sizes_and_strides(
+          alias.sizes(), alias.strides(), alias.storage_offset());
+    }
+    return;
+  }
+  // The kernel resized its output beyond u's storage: grow u and copy.
+  u.resize_(alias.sizes());
+  u.copy_(alias);
+}
+
+at::Tensor rewrap_view(const at::Tensor& base, const at::Tensor& view) {
+  TORCH_INTERNAL_ASSERT(is_unified(base));
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::TensorImpl::VIEW, c10::Storage(base.storage()), base.key_set(), view.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(view.sizes(), view.strides(),
+                                                 view.storage_offset());
+  if (view.is_conj()) {
+    t._set_conj(true);
+  }
+  if (view.is_neg()) {
+    t._set_neg(true);
+  }
+  return t;
+}
+
+} // namespace at::native::unified

@@ -1,0 +1,42 @@
+#pragma once
+// The placement rules R1-R6 (docs/placement.md), in one unit: which device an
+// op on unified operands runs on, and how a unified tensor is presented to the
+// CPU or CUDA kernel that does the work (an alias over the same bytes).
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <vector>
+
+namespace at::native::unified {
+
+bool is_unified(const at::Tensor& t);
+
+// R1: the first CUDA operand's device. R2: else CPU if any operand is a CPU
+// tensor with at least one dimension. R3: else the current CUDA device, or
+// the CPU when no GPU is usable. (R4 is the caller's: count destinations.)
+c10::Device compute_device(const std::vector<at::Tensor>& operands);
+
+// The current CUDA device if a GPU is usable, else the CPU (rule R3).
+c10::Device default_compute_device();
+
+// A CPU or CUDA tensor over the same bytes as unified tensor `u` (same sizes,
+// strides, storage offset, dtype, conj/neg bits). Keeps u's storage alive.
+// A CUDA alias maps u's pages for GPUs and records the current stream as a
+// user of them; a CPU alias first waits for GPU work that uses them.
+// `resizable`: a kernel may resize the alias (out= arguments); see
+// write_back().
+at::Tensor alias_as(const at::Tensor& u, c10::Device target, bool resizable = false);
+
+// After a kernel wrote into `alias` (from alias_as(u, ..., true)): carry any
+// resize it made over to u, so u is what the kernel's output would be.
+void write_back(const at::Tensor& u, const at::Tensor& alias);
+
+// R6: `view` is a CPU/CUDA view of alias_as(base, ...); return the unified
+// tensor with the same geometry and dtype over base's storage.
+at::Tensor rewrap_view(const at::Tensor& base, const at::Tensor& view);
+
+// Waits for GPU work that may touch u's pages (before a host access).
+void synchronize_for_host(const at::Tensor& u);
+
+} // namespace at::native::unified

@@ -1,0 +1,165 @@
+// The extension's Python module: registers the unified backend with stock
+// PyTorch (hooks, boxed fallback; the per-op kernels are registered by the
+// generated RegisterUnified.cpp) and exposes the runtime to torch_direct.
+
+#include "../aten/Placement.h"
+#include "../aten/UnifiedKernels.h"
+#include "../runtime/UnifiedHooks.h"
+#include "../../c10_allocator/CudaRuntime.h"
+#include "../../c10_allocator/HostRegistration.h"
+#include "../../c10_allocator/UnifiedAllocator.h"
+
+#include <torch/extension.h>
+#include <torch/library.h>
+
+namespace {
+
+namespace alloc = c10::unified;
+using at::native::unified::is_unified;
+
+at::Tensor unified_over(c10::Storage storage, const at::Tensor& like_geometry,
+                        caffe2::TypeMeta dtype) {
+  at::Tensor u = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+  u.unsafeGetTensorImpl()->set_sizes_and_strides(
+      like_geometry.sizes(), like_geometry.strides(), like_geometry.storage_offset());
+  return u;
+}
+
+at::Tensor pin_inplace(const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), "pin_inplace: tensor is undefined");
+  if (is_unified(t)) {
+    return t;
+  }
+  TORCH_CHECK(t.is_cpu(), "pin_inplace: expected a CPU tensor, got a tensor on ", t.device(),
+              " (use .to('unified') to copy a ", t.device().type(), " tensor into unified memory)");
+  TORCH_CHECK(t.layout() == c10::kStrided, "pin_inplace: expected a strided tensor, got layout ",
+              t.layout());
+  const c10::Storage& s = t.storage();
+  TORCH_CHECK(s.data_ptr().get() != nullptr || s.nbytes() == 0,
+              "pin_inplace: the tensor's storage has no data (was it freed or is it a meta/fake tensor?)");
+  c10::DataPtr dp = alloc::get_allocator()->alias_foreign(s.data_ptr().get(), s.nbytes(), s);
+  c10::Storage us(c10::Storage::use_byte_size_t(), s.nbytes(), std::move(dp), nullptr, false);
+  return unified_over(std::move(us), t, t.dtype());
+}
+
+at::Tensor pinned_owner(const at::Tensor& u) {
+  TORCH_CHECK(is_unified(u), "expected a unified tensor");
+  c10::Storage owner = alloc::get_allocator()->foreign_owner(u.storage().data_ptr());
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(owner), c10::DispatchKeySet(c10::DispatchKey::CPU), u.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(u.sizes(), u.strides(), u.storage_offset());
+  return t;
+}
+
+py::tuple share(const at::Tensor& u) {
+  TORCH_CHECK(is_unified(u), "expected a unified tensor");
+  auto [fd, size] = alloc::get_allocator()->share(u.storage().unsafeGetStorageImpl());
+  return py::make_tuple(fd, size, u.storage().nbytes());
+}
+
+at::Tensor from_shared(int fd, size_t storage_nbytes, const at::Tensor& like) {
+  c10::DataPtr dp = fd >= 0 ? alloc::get_allocator()->import_shared(fd, storage_nbytes)
+                            : c10::DataPtr(nullptr, alloc::unified_device());
+  c10::Storage us(c10::Storage::use_byte_size_t(), storage_nbytes, std::move(dp),
+                  alloc::get_allocator(), true);
+  return unified_over(std::move(us), like, like.dtype());
+}
+
+std::string block_kind(const at::Tensor& u) {
+  TORCH_CHECK(is_unified(u), "expected a unified tensor");
+  return alloc::get_allocator()->kind_of(u.storage().data_ptr());
+}
+
+bool is_mapped(const at::Tensor& u) {
+  TORCH_CHECK(is_unified(u), "expected a unified tensor");
+  return alloc::get_allocator()->is_mapped(u.storage().data_ptr());
+}
+
+void map_for_gpu(const at::Tensor& u) {
+  TORCH_CHECK(is_unified(u), "expected a unified tensor");
+  if (u.storage().data_ptr().get() != nullptr) {
+    alloc::get_allocator()->ensure_mapped(u.storage().data_ptr());
+  }
+}
+
+at::Tensor as_cuda_alias(const at::Tensor& u, int64_t device) {
+  TORCH_CHECK(is_unified(u), "expected a unified tensor");
+  return at::native::unified::alias_as(u, c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)));
+}
+
+at::Tensor as_cpu_alias(const at::Tensor& u) {
+  TORCH_CHECK(is_unified(u), "expected a unified tensor");
+  return at::native::unified::alias_as(u, c10::Device(c10::kCPU));
+}
+
+// Structured ATen ops carry a CompositeExplicitAutogradNonFunctional kernel
+// that every backend without its own kernel inherits: it allocates the output
+// on self's device and calls the op's out= variant. For unified operands that
+// would put results in unified memory and reject CPU/CUDA operands, against
+// rules R1-R4, so those ops are routed to the fallback explicitly (a direct
+// registration wins over an alias-key kernel). Returns how many were claimed.
+int64_t claim_structured_ops() {
+  static std::unique_ptr<torch::Library> lib;
+  static int64_t claimed = -1;
+  if (claimed >= 0) {
+    return claimed;
+  }
+  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                         c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  claimed = 0;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) {
+      continue;
+    }
+    auto op = dispatcher.findOp(name);
+    if (!op.has_value() ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+      continue;
+    }
+    std::string full = name.name.substr(6);
+    if (!name.overload_name.empty()) {
+      full += "." + name.overload_name;
+    }
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<
+                                &at::native::unified::unified_fallback>());
+    claimed += 1;
+  }
+  return claimed;
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<
+             &at::native::unified::unified_fallback>());
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  at::native::unified::register_hooks();
+  claim_structured_ops();
+  m.def("_claimed_structured_ops", &claim_structured_ops);
+  m.def("_memory_stats", [] { return alloc::get_allocator()->stats(); });
+  m.def("_empty_cache", [] { alloc::get_allocator()->empty_cache(); });
+  m.def("_reset_peak", [] { alloc::get_allocator()->reset_peak(); });
+  m.def("_pin_inplace", &pin_inplace);
+  m.def("_pinned_owner", &pinned_owner);
+  m.def("_share", &share);
+  m.def("_from_shared", &from_shared);
+  m.def("_block_kind", &block_kind);
+  m.def("_is_mapped", &is_mapped);
+  m.def("_map_for_gpu", &map_for_gpu);
+  m.def("_as_cuda_alias", &as_cuda_alias);
+  m.def("_as_cpu_alias", &as_cpu_alias);
+  m.def("_cuda_available", [] { return alloc::cuda::available(); });
+  m.def("_register_chunk_bytes", [] { return alloc::register_chunk_bytes(); });
+  m.def("_built_with_cuda", [] {
+#ifdef TORCH_DIRECT_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+}

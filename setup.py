@@ -1,0 +1,100 @@
+"""Build the torch_direct extension against the installed PyTorch.
+
+CUDA is used when the installed torch has CUDA and nvcc is found (override
+with TORCH_DIRECT_CUDA=0/1); otherwise the extension is host-only and unified
+tensors are plain host memory. Knobs: TORCH_CUDA_ARCH_LIST (default "9.0"),
+MAX_JOBS, TORCH_DIRECT_DEBUG=1 (-O0 -g).
+
+    pip install --no-build-isolation -e .
+"""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import gen_registrations  # noqa: E402
+
+
+def _find_cuda_home() -> None:
+    """Point CUDA_HOME at the toolkit that holds the nvcc on PATH.
+
+    PyTorch guesses CUDA_HOME from nvcc's location; a wrapper script such as
+    /usr/local/bin/nvcc would make it guess /usr/local, which has no headers.
+    """
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    for candidate in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if not candidate:
+            continue
+        home = Path(os.path.realpath(candidate)).parent.parent
+        if (home / "include" / "cuda_runtime.h").exists():
+            os.environ["CUDA_HOME"] = str(home)
+            return
+        try:  # a shell wrapper: `exec /path/to/cuda/bin/nvcc "$@"`
+            text = Path(candidate).read_text(errors="ignore")[:4096]
+        except OSError:
+            continue
+        for word in text.split():
+            if word.endswith("/bin/nvcc"):
+                home = Path(word).parent.parent
+                if (home / "include" / "cuda_runtime.h").exists():
+                    os.environ["CUDA_HOME"] = str(home)
+                    return
+
+
+_find_cuda_home()
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError:  # pragma: no cover - setup needs torch
+    sys.exit("torch_direct builds against an installed PyTorch: pip install torch first, "
+             "then pip install --no-build-isolation .")
+
+
+def want_cuda() -> bool:
+    env = os.environ.get("TORCH_DIRECT_CUDA")
+    if env is not None:
+        return env not in ("0", "false", "no", "")
+    has_nvcc = cpp_extension.CUDA_HOME is not None or shutil.which("nvcc") is not None
+    return torch.version.cuda is not None and has_nvcc
+
+
+def sources() -> list[str]:
+    generated = gen_registrations.generate()
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "c10_allocator").glob("*.cpp"))
+    files += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp")
+                    if "generated" not in p.parts)
+    files.append(str(generated.relative_to(ROOT)))
+    return files
+
+
+def extension():
+    debug = os.environ.get("TORCH_DIRECT_DEBUG") == "1"
+    cxx = ["-O0", "-g"] if debug else ["-O3"]
+    kwargs = dict(name="torch_direct._C", sources=sources(), include_dirs=[str(ROOT)])
+    if want_cuda():
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+        return cpp_extension.CUDAExtension(
+            extra_compile_args={"cxx": cxx + ["-DTORCH_DIRECT_WITH_CUDA"],
+                                "nvcc": ["-O3", "-DTORCH_DIRECT_WITH_CUDA"]},
+            **kwargs)
+    return cpp_extension.CppExtension(extra_compile_args=cxx, **kwargs)
+
+
+setup(
+    name="torch_direct",
+    version="0.1.0",
+    description="Unified (GPU-mapped host memory) tensors for PyTorch and GPU-centric GNN training",
+    packages=find_packages(include=["torch_direct", "torch_direct.*"]),
+    python_requires=">=3.9",
+    install_requires=["torch>=2.5", "pyyaml"],
+    ext_modules=[extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+)

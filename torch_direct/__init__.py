@@ -1,0 +1,36 @@
+"""PyTorch-Direct: unified tensors (GPU-mapped host memory) for stock PyTorch.
+
+``import torch_direct`` registers the ``unified`` device:
+
+    >>> u = feats.to("unified")          # copy into mapped, pinned host memory
+    >>> u = torch_direct.pin_inplace(t)  # no copy: map t's own pages
+    >>> y = u[idx_on_cuda]               # runs on idx's GPU, reads host memory in place
+
+Placement rules R1-R6 are in docs/placement.md.
+"""
+
+from __future__ import annotations
+
+from ._backend import (  # noqa: F401  (registers the device on import)
+    BACKEND_NAME,
+    built_with_cuda,
+    cuda_available,
+    empty_cache,
+    is_unified,
+    memory_stats,
+    pin_inplace,
+    reset_peak_memory_stats,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKEND_NAME",
+    "built_with_cuda",
+    "cuda_available",
+    "empty_cache",
+    "is_unified",
+    "memory_stats",
+    "pin_inplace",
+    "reset_peak_memory_stats",
+]
