@@ -6,15 +6,19 @@
 #include <c10/util/Exception.h>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <memory>
+#include <new>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -36,6 +40,7 @@ struct Block {
   std::mutex map_mutex;
   std::atomic<bool> mapped{false};
   uint64_t mapped_generation = 0; // fork_generation() when mapped
+  uint64_t generation = 0;        // fork_generation() when created
   std::unique_ptr<HostRegistration> registration;
   std::vector<c10::Stream> streams; // streams that may still touch it
   c10::Storage keep;                // foreign pages' owner
@@ -68,6 +73,32 @@ State& state() {
   return *s;
 }
 
+void after_fork_in_child() {
+  // Free blocks are shared with the parent, which may reuse them: forget
+  // them (unmapping only our view). Pending events belong to the parent's
+  // CUDA context.
+  auto& s = state();
+  new (&s.mutex) std::mutex();
+  for (auto& kv : s.free_lists) {
+    for (Block* b : kv.second) {
+      munmap(b->ptr, b->size);
+      s.reserved -= static_cast<int64_t>(b->size);
+      delete b;
+    }
+  }
+  s.free_lists.clear();
+  s.cached_blocks = 0;
+  for (auto& p : s.pending) {
+    p.block->streams.clear();
+    p.events.clear();
+  }
+}
+
+const bool g_atfork = [] {
+  pthread_atfork(nullptr, nullptr, &after_fork_in_child);
+  return true;
+}();
+
 size_t round_up(size_t n, size_t to) {
   return (n + to - 1) / to * to;
 }
@@ -93,19 +124,51 @@ std::string describe_errno(int err) {
 }
 
 Block* new_cached_block(size_t cls) {
+  // MAP_SHARED: a fork()ed child sees the same pages, as it does for large blocks.
   void* p = mmap(nullptr, cls, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   TORCH_CHECK(p != MAP_FAILED, "torch_direct: cannot allocate ", cls,
               " bytes of unified memory: mmap failed: ", describe_errno(errno));
   auto* b = new Block();
   b->kind = Block::kCached;
   b->ptr = p;
   b->size = cls;
+  b->generation = fork_generation();
   return b;
+}
+
+// RAM + swap as the kernel reports them (/proc/meminfo), or 0 if unknown.
+size_t host_memory_limit() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) {
+    return 0;
+  }
+  char key[64];
+  unsigned long long kb = 0;
+  size_t total = 0;
+  while (std::fscanf(f, "%63s %llu kB\n", key, &kb) == 2) {
+    if (std::strcmp(key, "MemTotal:") == 0 || std::strcmp(key, "SwapTotal:") == 0) {
+      total += static_cast<size_t>(kb) * 1024;
+    }
+  }
+  std::fclose(f);
+  return total;
 }
 
 Block* new_exact_block(size_t nbytes) {
   const size_t size = round_up(nbytes, host_page_size());
+  // Shared memory is not bounded by overcommit: a request beyond the machine
+  // would be killed by the OOM killer while the pages are reserved. Refuse it
+  // here instead (TORCH_DIRECT_ALLOW_OVERCOMMIT=1 skips the check, e.g. on a
+  // VM whose reported memory grows on demand).
+  const char* allow = std::getenv("TORCH_DIRECT_ALLOW_OVERCOMMIT");
+  if (allow == nullptr || std::strcmp(allow, "1") != 0) {
+    const size_t limit = host_memory_limit();
+    TORCH_CHECK(limit == 0 || size <= limit, "torch_direct: cannot allocate ", nbytes,
+                " bytes (", nbytes >> 20, " MiB) of unified memory: the host has ",
+                limit >> 20, " MiB of RAM and swap in all "
+                "(set TORCH_DIRECT_ALLOW_OVERCOMMIT=1 to try anyway)");
+  }
   int fd = make_memfd();
   TORCH_CHECK(fd >= 0, "torch_direct: cannot allocate ", nbytes,
               " bytes of unified memory: memfd_create failed: ",
@@ -158,11 +221,13 @@ void destroy_block(Block* b) {
 // cache or is handed back for destruction.
 void release_locked(State& s, Block* b, std::vector<Block*>& to_destroy) {
   b->streams.clear();
-  if (b->kind == Block::kCached) {
+  // A block inherited across fork() is shared with the other process, which
+  // may still use it: never hand it out again here, just drop our mapping.
+  if (b->kind == Block::kCached && b->generation == fork_generation()) {
     s.free_lists[b->size].push_back(b);
     s.cached_blocks += 1;
   } else {
-    s.reserved -= b->kind == Block::kExact ? static_cast<int64_t>(b->size) : 0;
+    s.reserved -= b->kind != Block::kForeign ? static_cast<int64_t>(b->size) : 0;
     to_destroy.push_back(b);
   }
 }
@@ -522,5 +587,14 @@ UnifiedAllocator* get_allocator() {
   static UnifiedAllocator allocator;
   return &allocator;
 }
+
+// c10::GetAllocator(unified) serves storages made without a tensor
+// (torch.UntypedStorage(n, device="unified"), deserialization).
+namespace {
+const bool g_registered = [] {
+  c10::SetAllocator(kUnifiedDeviceType, get_allocator());
+  return true;
+}();
+} // namespace
 
 } // namespace c10::unified

@@ -70,6 +70,8 @@ def pin_inplace(t: torch.Tensor) -> torch.Tensor:
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"pin_inplace() expects a torch.Tensor, got {type(t).__name__}")
+    if t.device.type == BACKEND_NAME:
+        return t
     if t.requires_grad and t.grad_fn is not None:
         raise RuntimeError("pin_inplace() needs a leaf tensor: pin the data, not a result "
                            "of autograd (use t.detach())")

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/WrapDimMinimal.h>
 #include <c10/util/irange.h>
 
 #include <optional>
@@ -118,6 +119,60 @@ c10::IValue substitute(const c10::IValue& v, c10::Device target, bool resizable,
   return v;
 }
 
+void check_range(const at::Tensor& index, int64_t size, const char* op) {
+  if (!index.defined() || index.numel() == 0 || index.scalar_type() == at::kBool ||
+      index.scalar_type() == at::kByte) {
+    return;
+  }
+  // One reduction and one sync: dedicated gather kernels check on the fly.
+  auto [lo, hi] = at::aminmax(index);
+  const int64_t mn = lo.item<int64_t>();
+  const int64_t mx = hi.item<int64_t>();
+  TORCH_CHECK_INDEX(mn >= -size && mx < size, op, ": index ", mn < -size ? mn : mx,
+                    " is out of bounds for a unified table of size ", size,
+                    " (valid: ", -size, " to ", size - 1, ")");
+}
+
+// Invariant: no GPU kernel reads host memory through an unchecked index. CPU
+// kernels check their own indices; GPU kernels would only assert on device.
+void check_gather_indices(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                          size_t args_begin) {
+  const auto& name = op.schema().name();
+  const auto& ov = op.schema().overload_name();
+  auto arg = [&](size_t i) -> const c10::IValue& { return stack[args_begin + i]; };
+  if (name == "aten::index_select" && arg(0).isTensor() && is_unified(arg(0).toTensor())) {
+    const auto& self = arg(0).toTensor();
+    const int64_t dim = c10::maybe_wrap_dim(arg(1).toInt(), std::max<int64_t>(self.dim(), 1));
+    check_range(arg(2).toTensor(), self.dim() == 0 ? 1 : self.size(dim), "index_select");
+  } else if (name == "aten::embedding" && is_unified(arg(0).toTensor())) {
+    check_range(arg(1).toTensor(), arg(0).toTensor().size(0), "embedding");
+  } else if (name == "aten::gather" && is_unified(arg(0).toTensor())) {
+    const auto& self = arg(0).toTensor();
+    const int64_t dim = c10::maybe_wrap_dim(arg(1).toInt(), std::max<int64_t>(self.dim(), 1));
+    check_range(arg(2).toTensor(), self.dim() == 0 ? 1 : self.size(dim), "gather");
+  } else if (name == "aten::take" && is_unified(arg(0).toTensor())) {
+    check_range(arg(1).toTensor(), arg(0).toTensor().numel(), "take");
+  } else if ((name == "aten::index" || name == "aten::_index_put_impl_" || name == "aten::index_put" ||
+              name == "aten::index_put_") && arg(0).isTensor() && is_unified(arg(0).toTensor())) {
+    const auto& self = arg(0).toTensor();
+    int64_t d = 0;
+    for (const c10::IValue& e : arg(1).toListRef()) {
+      if (e.isTensor()) {
+        const auto& t = e.toTensor();
+        if (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte) {
+          d += t.dim();
+          continue;
+        }
+        TORCH_CHECK_INDEX(d < self.dim(), "too many indices for a unified tensor of dimension ",
+                          self.dim());
+        check_range(t, self.size(d), "index");
+      }
+      d += 1;
+    }
+  }
+  (void)ov;
+}
+
 } // namespace
 
 void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
@@ -136,6 +191,9 @@ void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     }
   }
   const c10::Device target = compute_device(operands);
+  if (target.is_cuda()) {
+    check_gather_indices(op, *stack, args_begin);
+  }
 
   // Per argument: the unified originals and their aliases.
   std::vector<std::vector<at::Tensor>> originals(num_args), aliases(num_args);

@@ -1,0 +1,173 @@
+"""The unified allocator: sizing, caching, stream safety, pin_inplace."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_direct
+from common import HAS_GPU, requires_gpu
+
+
+def stats():
+    return torch_direct.memory_stats()
+
+
+class TestAllocator(TestCase):
+    def test_large_blocks_are_sized_exactly(self):
+        torch_direct.empty_cache()
+        before = stats()["reserved_bytes"]
+        n = 64 * 1024 * 1024 + 12345  # not a power of two
+        u = torch.empty(n, dtype=torch.uint8, device="unified")
+        grown = stats()["reserved_bytes"] - before
+        self.assertGreaterEqual(grown, n)
+        self.assertLessEqual(grown, n * 1.01)
+        self.assertEqual(torch_direct._C._block_kind(u), "exact")
+        del u
+        self.assertEqual(stats()["reserved_bytes"], before)
+
+    def test_small_blocks_are_cached_and_reused(self):
+        a = torch.empty(100, device="unified")
+        self.assertEqual(torch_direct._C._block_kind(a), "cached")
+        ptr = a.data_ptr()
+        del a
+        b = torch.empty(90, device="unified")  # same size class
+        self.assertEqual(b.data_ptr(), ptr)
+        s = stats()
+        self.assertGreaterEqual(s["num_alloc"], 2)
+        torch_direct.empty_cache()
+
+    def test_stats_track_allocations(self):
+        torch_direct.reset_peak_memory_stats()
+        base = stats()["allocated_bytes"]
+        u = torch.empty(1000, dtype=torch.float64, device="unified")
+        self.assertEqual(stats()["allocated_bytes"] - base, 8000)
+        del u
+        self.assertEqual(stats()["allocated_bytes"], base)
+        self.assertGreaterEqual(stats()["allocated_bytes.peak"] - base, 8000)
+
+    def test_impossible_size_is_a_clear_error(self):
+        with self.assertRaisesRegex(RuntimeError, r"cannot allocate \d+ bytes .*unified memory"):
+            torch.empty(1 << 50, dtype=torch.uint8, device="unified")  # 1 PiB
+        u = torch.ones(3).to("unified")  # the allocator still works
+        self.assertEqual(u.cpu(), torch.ones(3))
+
+
+class TestPinInplace(TestCase):
+    def test_alias_without_copy(self):
+        t = torch.arange(20.0).view(4, 5)
+        u = torch_direct.pin_inplace(t)
+        self.assertTrue(u.is_unified)
+        self.assertEqual(u.data_ptr(), t.data_ptr())
+        self.assertEqual(u.cpu(), t)
+        t[0, 0] = 100.0
+        self.assertEqual(u[0, 0].item(), 100.0)
+        u[1].fill_(-1.0)
+        self.assertEqual(t[1], torch.full((5,), -1.0))
+        self.assertEqual(torch_direct._C._block_kind(u), "foreign")
+
+    def test_view_keeps_offset(self):
+        t = torch.arange(10.0)
+        u = torch_direct.pin_inplace(t[3:7])
+        self.assertEqual(u.cpu(), torch.tensor([3.0, 4.0, 5.0, 6.0]))
+        self.assertEqual(u.data_ptr(), t[3:].data_ptr())
+
+    def test_twice_and_overlapping(self):
+        t = torch.randn(1 << 18)
+        a = torch_direct.pin_inplace(t)
+        b = torch_direct.pin_inplace(t)
+        c = torch_direct.pin_inplace(t[1000:5000])
+        self.assertEqual(a.cpu(), b.cpu())
+        self.assertEqual(c.cpu(), t[1000:5000])
+
+    def test_shared_memory_tensor(self):
+        t = torch.randn(1000).share_memory_()
+        u = torch_direct.pin_inplace(t)
+        self.assertEqual(u.cpu(), t)
+
+    def test_unified_is_returned_as_is(self):
+        u = torch.ones(3).to("unified")
+        self.assertIs(torch_direct.pin_inplace(u), u)
+
+    def test_bad_input(self):
+        with self.assertRaisesRegex(TypeError, "torch.Tensor"):
+            torch_direct.pin_inplace([1, 2, 3])
+        with self.assertRaisesRegex(RuntimeError, "strided"):
+            torch_direct.pin_inplace(torch.eye(3).to_sparse())
+        if torch.cuda.is_available():
+            with self.assertRaisesRegex(RuntimeError, "CPU tensor"):
+                torch_direct.pin_inplace(torch.ones(3, device="cuda"))
+
+    def test_original_outlives_or_dies_first(self):
+        t = torch.arange(6.0)
+        u = torch_direct.pin_inplace(t)
+        del t  # the alias keeps the pages alive
+        self.assertEqual(u.cpu(), torch.arange(6.0))
+
+
+@requires_gpu
+class TestAllocatorGPU(TestCase):
+    def test_pinned_bytes_within_one_percent(self):
+        n = (256 << 20) + 4096 * 3 + 17
+        u = torch.empty(n, dtype=torch.uint8, device="unified")
+        before = stats()["pinned_bytes"]
+        torch_direct._C._map_for_gpu(u)
+        pinned = stats()["pinned_bytes"] - before
+        self.assertGreaterEqual(pinned, n)
+        self.assertLessEqual(pinned, n * 1.01)
+        del u
+        self.assertEqual(stats()["pinned_bytes"], before)
+
+    def test_pin_inplace_registers_and_unregisters(self):
+        t = torch.randn(1 << 20)
+        before = stats()["pinned_bytes"]
+        u = torch_direct.pin_inplace(t)
+        self.assertGreaterEqual(stats()["pinned_bytes"] - before, t.numel() * 4)
+        self.assertTrue(torch_direct._C._is_mapped(u))
+        idx = torch.tensor([0, 5, 1 << 19], device="cuda")
+        self.assertEqual(u[idx].cpu(), t[idx.cpu()])
+        u2 = torch_direct.pin_inplace(t)  # same pages again: no driver error
+        del u
+        self.assertEqual(u2[idx].cpu(), t[idx.cpu()])  # still mapped for u2
+        del u2
+        self.assertEqual(stats()["pinned_bytes"], before)
+
+    def test_registration_is_split_in_chunks(self):
+        code = textwrap.dedent("""
+            import torch, torch_direct
+            t = torch.randn(10 << 20)  # 40 MiB
+            u = torch_direct.pin_inplace(t)
+            s = torch_direct.memory_stats()
+            idx = torch.tensor([0, (10 << 20) - 1], device="cuda")
+            assert torch.equal(u[idx].cpu(), t[idx.cpu()])
+            print(s["pinned_registrations"])
+        """)
+        env = dict(os.environ, TORCH_DIRECT_REGISTER_CHUNK_MB="8")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertGreaterEqual(int(out.stdout.strip().splitlines()[-1]), 5)
+
+    def test_freed_block_not_reused_while_gpu_reads(self):
+        src = torch.randn(1 << 12)
+        u = src.to("unified")
+        ptr = u.data_ptr()
+        s = torch.cuda.Stream()
+        idx = torch.arange(1 << 12, device="cuda")
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(200_000_000)  # keep the stream busy
+            y = u[idx]
+        del u
+        self.assertGreaterEqual(stats()["pending_free_blocks"], 1)
+        v = torch.empty(1 << 12, device="unified")
+        self.assertNotEqual(v.data_ptr(), ptr)
+        s.synchronize()
+        self.assertEqual(y.cpu(), src)
+        self.assertEqual(stats()["pending_free_blocks"], 0)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,53 @@
+"""native_functions_additions.yaml is the source of the extension's kernels."""
+
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_direct  # noqa: F401
+
+import sys
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import gen_registrations  # noqa: E402
+
+
+class TestRegistrations(TestCase):
+    def test_every_yaml_entry_is_registered_with_its_schema(self):
+        entries = gen_registrations.load_entries(gen_registrations.DEFAULT_YAML)
+        self.assertGreaterEqual(len(entries), 10)
+        import yaml
+        funcs = {e["func"].split("(")[0]: e["func"] for e in yaml.safe_load(gen_registrations.DEFAULT_YAML.read_text())}
+        for name, kernel in entries:
+            op, _, overload = name.partition(".")
+            schema = torch._C._get_schema("aten::" + op, overload)
+            self.assertEqual("aten::" + funcs[name], str(schema), name)
+            self.assertTrue(torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, "PrivateUse1"),
+                            f"{name} has no unified kernel")
+
+    def test_structured_ops_route_to_fallback(self):
+        self.assertGreater(torch_direct._C._claimed_structured_ops(), 100)
+        self.assertTrue(torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor", "PrivateUse1"))
+
+    def test_generator_output_and_errors(self):
+        with tempfile.TemporaryDirectory() as d:
+            y = Path(d) / "a.yaml"
+            y.write_text("- func: foo.bar(Tensor self) -> Tensor\n  dispatch:\n    Unified: foo_unified\n"
+                         "- func: baz(Tensor self) -> Tensor\n  dispatch:\n    CPU: baz_cpu\n")
+            out = gen_registrations.generate(y, Path(d) / "out.cpp")
+            text = out.read_text()
+            self.assertIn('m.impl("foo.bar", TORCH_FN(at::native::foo_unified));', text)
+            self.assertNotIn("baz", text)
+            y.write_text("- func: foo(Tensor self) -> Tensor\n  dispatch: {Unified: a}\n"
+                         "- func: foo(Tensor self) -> Tensor\n  dispatch: {Unified: b}\n")
+            with self.assertRaisesRegex(gen_registrations.YamlError, "listed twice"):
+                gen_registrations.load_entries(y)
+            y.write_text("- dispatch: {Unified: a}\n")
+            with self.assertRaisesRegex(gen_registrations.YamlError, "no 'func:'"):
+                gen_registrations.load_entries(y)
+
+
+if __name__ == "__main__":
+    run_tests()
