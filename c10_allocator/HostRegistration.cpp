@@ -1,6 +1,7 @@
 #include "HostRegistration.h"
 
 #include "CudaRuntime.h"
+#include "Text.h"
 
 #include <c10/util/Exception.h>
 
@@ -132,11 +133,11 @@ std::unique_ptr<HostRegistration> register_host_range(void* ptr, size_t size) {
           release_locked(start);
         }
         handle->intervals_.clear();
-        TORCH_CHECK(false, "torch_direct: cannot pin ", asked, " bytes (",
-                    asked >> 20, " MiB) of host memory at ",
-                    reinterpret_cast<void*>(begin), ": the CUDA driver said '",
-                    err, "' while registering ", ce - c, " bytes at ",
-                    reinterpret_cast<void*>(c),
+        TORCH_CHECK(false, "torch_direct: cannot pin ", num(asked), " bytes (",
+                    num(asked >> 20), " MiB) of host memory at ",
+                    addr(reinterpret_cast<void*>(begin)), ": the CUDA driver said '",
+                    err, "' while registering ", num(ce - c), " bytes at ",
+                    addr(reinterpret_cast<void*>(c)),
                     ". Check the locked-memory limit (ulimit -l) and free host memory.");
       }
       const bool owned = err.empty();

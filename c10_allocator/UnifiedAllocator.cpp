@@ -2,6 +2,7 @@
 
 #include "CudaRuntime.h"
 #include "HostRegistration.h"
+#include "Text.h"
 
 #include <c10/util/Exception.h>
 
@@ -120,14 +121,14 @@ int make_memfd() {
 }
 
 std::string describe_errno(int err) {
-  return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
+  return std::string(std::strerror(err)) + " (errno " + num(err) + ")";
 }
 
 Block* new_cached_block(size_t cls) {
   // MAP_SHARED: a fork()ed child sees the same pages, as it does for large blocks.
   void* p = mmap(nullptr, cls, PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  TORCH_CHECK(p != MAP_FAILED, "torch_direct: cannot allocate ", cls,
+  TORCH_CHECK(p != MAP_FAILED, "torch_direct: cannot allocate ", num(cls),
               " bytes of unified memory: mmap failed: ", describe_errno(errno));
   auto* b = new Block();
   b->kind = Block::kCached;
@@ -164,13 +165,13 @@ Block* new_exact_block(size_t nbytes) {
   const char* allow = std::getenv("TORCH_DIRECT_ALLOW_OVERCOMMIT");
   if (allow == nullptr || std::strcmp(allow, "1") != 0) {
     const size_t limit = host_memory_limit();
-    TORCH_CHECK(limit == 0 || size <= limit, "torch_direct: cannot allocate ", nbytes,
-                " bytes (", nbytes >> 20, " MiB) of unified memory: the host has ",
-                limit >> 20, " MiB of RAM and swap in all "
+    TORCH_CHECK(limit == 0 || size <= limit, "torch_direct: cannot allocate ", num(nbytes),
+                " bytes (", num(nbytes >> 20), " MiB) of unified memory: the host has ",
+                num(limit >> 20), " MiB of RAM and swap in all "
                 "(set TORCH_DIRECT_ALLOW_OVERCOMMIT=1 to try anyway)");
   }
   int fd = make_memfd();
-  TORCH_CHECK(fd >= 0, "torch_direct: cannot allocate ", nbytes,
+  TORCH_CHECK(fd >= 0, "torch_direct: cannot allocate ", num(nbytes),
               " bytes of unified memory: memfd_create failed: ",
               describe_errno(errno));
   // Reserve the pages now, so that a table larger than the machine can hold
@@ -186,16 +187,16 @@ Block* new_exact_block(size_t nbytes) {
   if (rc != 0) {
     int err = errno;
     close(fd);
-    TORCH_CHECK(false, "torch_direct: cannot allocate ", nbytes, " bytes (",
-                nbytes >> 20, " MiB) of unified memory: the host could not "
+    TORCH_CHECK(false, "torch_direct: cannot allocate ", num(nbytes), " bytes (",
+                num(nbytes >> 20), " MiB) of unified memory: the host could not "
                 "reserve the pages: ", describe_errno(err));
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     int err = errno;
     close(fd);
-    TORCH_CHECK(false, "torch_direct: cannot allocate ", nbytes, " bytes (",
-                nbytes >> 20, " MiB) of unified memory: mmap failed: ",
+    TORCH_CHECK(false, "torch_direct: cannot allocate ", num(nbytes), " bytes (",
+                num(nbytes >> 20), " MiB) of unified memory: mmap failed: ",
                 describe_errno(err));
   }
   auto* b = new Block();
@@ -401,8 +402,8 @@ c10::DataPtr UnifiedAllocator::import_shared(int fd, size_t nbytes) {
   TORCH_CHECK(fstat(fd, &st) == 0, "torch_direct: cannot import shared unified memory: fstat: ",
               describe_errno(errno));
   const size_t size = static_cast<size_t>(st.st_size);
-  TORCH_CHECK(nbytes <= size, "torch_direct: shared unified block holds ", size,
-              " bytes but ", nbytes, " were expected");
+  TORCH_CHECK(nbytes <= size, "torch_direct: shared unified block holds ", num(size),
+              " bytes but ", num(nbytes), " were expected");
   if (size == 0) {
     return c10::DataPtr(nullptr, unified_device());
   }
@@ -413,7 +414,7 @@ c10::DataPtr UnifiedAllocator::import_shared(int fd, size_t nbytes) {
   if (p == MAP_FAILED) {
     int err = errno;
     close(own);
-    TORCH_CHECK(false, "torch_direct: cannot map ", size,
+    TORCH_CHECK(false, "torch_direct: cannot map ", num(size),
                 " bytes of shared unified memory: ", describe_errno(err));
   }
   auto* b = new Block();

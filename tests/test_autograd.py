@@ -29,26 +29,24 @@ class TestAutograd(TestCase):
             first = loss.item() if first is None else first
         self.assertLess(loss.item(), first * 0.7)
 
-    def test_requires_grad_leaf_gets_correct_gradient(self):
-        src = torch.randn(10, 4, dtype=torch.float64)
-        u = src.to("unified").requires_grad_()
-        idx = torch.tensor([1, 3, 3, 7], device=compute_device())
-        w = torch.randn(4, dtype=torch.float64, device=compute_device())
-        (u[idx] * w).sum().backward()
-        ref = src.clone().requires_grad_()
-        (ref[idx.cpu()] * w.cpu()).sum().backward()
-        self.assertTrue(u.grad is not None)
-        self.assertEqual(u.grad.cpu(), ref.grad)
+    def test_requires_grad_on_a_unified_tensor_is_a_clear_error(self):
+        u = torch.randn(10, 4).to("unified").requires_grad_()
+        idx = torch.tensor([1, 3], device=compute_device())
+        for use in (lambda: u[idx], lambda: u * 3, lambda: u.sum(), lambda: u.to(compute_device())):
+            with self.assertRaisesRegex(RuntimeError, "unified tensor that requires grad"):
+                use()
+        with torch.no_grad():  # as data, under no_grad, it works
+            self.assertEqual(u[idx].shape, (2, 4))
+        self.assertEqual(u.detach()[idx].shape, (2, 4))
+        u.requires_grad_(False)
+        self.assertEqual((u * 2).shape, (10, 4))
 
-    def test_elementwise_use_of_a_grad_leaf_raises(self):
-        # Gradients of ops that run on the CPU/GPU arrive there; autograd
-        # requires them on the leaf's device (CPU: "invalid gradient ...
-        # expected device unified:0"; CUDA: an engine stream assertion). Known
-        # limit, docs/placement.md: the backward raises, nothing is corrupted.
-        u = torch.randn(6, dtype=torch.float64).to("unified").requires_grad_()
-        with self.assertRaises(RuntimeError):
-            (u * 3).sum().backward()
-        self.assertIsNone(u.grad)
+    def test_gathered_rows_can_require_grad(self):
+        src = torch.randn(10, 4, dtype=torch.float64)
+        u = src.to("unified")
+        rows = u[torch.tensor([1, 3, 3], device=compute_device())].requires_grad_()
+        (rows * 2).sum().backward()
+        self.assertEqual(rows.grad.cpu(), torch.full((3, 4), 2.0, dtype=torch.float64))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,11 @@ class TestCoexistence(TestCase):
         self.assertEqual(probe("with"), probe("without"))
         self.assertNotEqual(str(torch.accelerator.current_accelerator()), "unified")
 
+    def test_accelerator_hook_installed(self):
+        from torch_direct import _backend
+        # x86-64 Linux builds of libtorch call getAccelerator() through PLT slots.
+        self.assertGreaterEqual(_backend.ACCELERATOR_HOOK_SLOTS, 1)
+
     def test_cpu_tensors_untouched(self):
         t = torch.randn(3, 3)
         self.assertEqual(t.device.type, "cpu")
@@ -74,6 +79,24 @@ class TestCoexistenceGPU(TestCase):
         torch.accelerator.synchronize()
         with torch.accelerator.device_index(0):
             pass
+
+    def test_cuda_backward(self):
+        # PyTorch >= 2.8 breaks this for any named PrivateUse1 backend unless
+        # getAccelerator() keeps answering CUDA (csrc/runtime/AcceleratorHook.h).
+        m = torch.nn.Linear(8, 2).cuda()
+        x = torch.randn(4, 8, device="cuda", requires_grad=True)
+        m(x).sum().backward()
+        self.assertEqual(x.grad.shape, (4, 8))
+        self.assertTrue(m.weight.grad.is_cuda)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            y = (x * 2).sum()
+        y.backward()
+        torch.cuda.synchronize()
+
+    def test_default_stream_and_event_are_cuda(self):
+        self.assertEqual(torch.Stream().device.type, "cuda")
+        self.assertEqual(torch.Event().device.type, "cuda")
 
     def test_autocast_cuda(self):
         a = torch.randn(8, 8, device="cuda")

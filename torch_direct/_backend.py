@@ -10,6 +10,11 @@ from . import _coexist
 
 BACKEND_NAME = "unified"
 
+# How many libtorch call slots of at::getAccelerator() were rebound so that
+# PyTorch keeps reporting the accelerator it had before (csrc/runtime/
+# AcceleratorHook.h); 0 means only the Python-level shim is active.
+ACCELERATOR_HOOK_SLOTS = 0
+
 # What torch.accelerator answered before PrivateUse1 got a name: renaming it
 # makes PyTorch report the new backend as "the accelerator" (see _coexist).
 _previous_accelerator = _coexist.current_accelerator_before_registration()
@@ -32,7 +37,12 @@ def _register() -> None:
     if not hasattr(torch.Tensor, "is_" + BACKEND_NAME):
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_storage=True, for_packed_sequence=False)
-    _coexist.install(_previous_accelerator)
+    global ACCELERATOR_HOOK_SLOTS
+    previous = None if _previous_accelerator is None else torch.device(_previous_accelerator).type
+    ACCELERATOR_HOOK_SLOTS = _C._install_accelerator_hook(previous)
+    if ACCELERATOR_HOOK_SLOTS == 0:
+        # The C++ answer could not be kept: at least keep the Python API's.
+        _coexist.install(_previous_accelerator)
     from . import _reductions
 
     _reductions.install()

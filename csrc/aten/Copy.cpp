@@ -60,6 +60,9 @@ at::Tensor _copy_from_unified(const at::Tensor& self, const at::Tensor& dst,
   const bool src_u = is_unified(src);
   const bool dst_u = is_unified(dst);
   TORCH_CHECK(src_u || dst_u, "_copy_from_unified: neither tensor is unified");
+  if (src_u) {
+    unified::check_no_grad(src, "a copy");
+  }
 
   if (src_u && dst_u) {
     alias_as(dst, c10::kCPU).copy_(alias_as(src, c10::kCPU));

@@ -5,6 +5,8 @@
 #include "Placement.h"
 #include "UnifiedKernels.h"
 
+#include "../../c10_allocator/Text.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -128,9 +130,10 @@ void check_range(const at::Tensor& index, int64_t size, const char* op) {
   auto [lo, hi] = at::aminmax(index);
   const int64_t mn = lo.item<int64_t>();
   const int64_t mx = hi.item<int64_t>();
-  TORCH_CHECK_INDEX(mn >= -size && mx < size, op, ": index ", mn < -size ? mn : mx,
-                    " is out of bounds for a unified table of size ", size,
-                    " (valid: ", -size, " to ", size - 1, ")");
+  using c10::unified::num;
+  TORCH_CHECK_INDEX(mn >= -size && mx < size, op, ": index ", num(mn < -size ? mn : mx),
+                    " is out of bounds for a unified table of size ", num(size),
+                    " (valid: ", num(-size), " to ", num(size - 1), ")");
 }
 
 // Invariant: no GPU kernel reads host memory through an unchecked index. CPU
@@ -164,7 +167,7 @@ void check_gather_indices(const c10::OperatorHandle& op, const torch::jit::Stack
           continue;
         }
         TORCH_CHECK_INDEX(d < self.dim(), "too many indices for a unified tensor of dimension ",
-                          self.dim());
+                          c10::unified::num(self.dim()));
         check_range(t, self.size(d), "index");
       }
       d += 1;
@@ -188,6 +191,11 @@ void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     collect(v, operands);
     if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       unified_device_arg = true;
+    }
+  }
+  for (const auto& t : operands) {
+    if (is_unified(t)) {
+      check_no_grad(t, schema.name().c_str());
     }
   }
   const c10::Device target = compute_device(operands);

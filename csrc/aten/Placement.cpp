@@ -4,6 +4,7 @@
 #include "../../c10_allocator/UnifiedAllocator.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 
@@ -41,6 +42,15 @@ void drop_storage_ref(void* ctx) {
   delete static_cast<c10::Storage*>(ctx);
 }
 } // namespace
+
+void check_no_grad(const at::Tensor& u, const char* what) {
+  TORCH_CHECK(!(u.requires_grad() && at::GradMode::is_enabled()),
+              "torch_direct: ", what, " would record autograd history through a unified tensor "
+              "that requires grad. Unified tensors are data sources: their gradients would be "
+              "computed on the CPU or a GPU and cannot be accumulated into host memory. Use the "
+              "table without requires_grad (u.requires_grad_(False) or torch.no_grad()), or "
+              "gather rows first and make those require grad (rows = u[idx].requires_grad_()).");
+}
 
 void synchronize_for_host(const at::Tensor& u) {
   if (u.storage().data_ptr().get() != nullptr) {

@@ -36,6 +36,11 @@ void write_back(const at::Tensor& u, const at::Tensor& alias);
 // tensor with the same geometry and dtype over base's storage.
 at::Tensor rewrap_view(const at::Tensor& base, const at::Tensor& view);
 
+// Unified tensors are data sources, not autograd inputs: raise a clear error
+// when one that requires grad is used while grad mode is on (its gradient
+// would be computed on a CPU/CUDA device and rejected by the engine).
+void check_no_grad(const at::Tensor& u, const char* what);
+
 // Waits for GPU work that may touch u's pages (before a host access).
 void synchronize_for_host(const at::Tensor& u);
 

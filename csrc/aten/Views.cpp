@@ -4,6 +4,7 @@
 #include "Placement.h"
 #include "UnifiedKernels.h"
 
+#include "../../c10_allocator/Text.h"
 #include "../../c10_allocator/UnifiedAllocator.h"
 
 #include <ATen/ATen.h>
@@ -79,7 +80,7 @@ at::Tensor& set_source_storage_offset_unified_(at::Tensor& self, c10::Storage so
               "set_: a unified tensor can only take unified storage, got storage on ",
               source.device());
   TORCH_CHECK(storage_offset >= 0, "set_: storage offset must be non-negative, got ",
-              storage_offset);
+              c10::unified::num(storage_offset));
   at::native::checkSetStorage(self, source, storage_offset, size, stride);
   self.unsafeGetTensorImpl()->set_storage_offset(storage_offset);
   self.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride);
@@ -88,8 +89,9 @@ at::Tensor& set_source_storage_offset_unified_(at::Tensor& self, c10::Storage so
 
 at::Tensor& set_source_storage_unified_(at::Tensor& self, c10::Storage source) {
   const auto itemsize = self.dtype().itemsize();
-  TORCH_CHECK(source.nbytes() % itemsize == 0, "set_: storage of ", source.nbytes(),
-              " bytes is not a multiple of the element size ", itemsize);
+  TORCH_CHECK(source.nbytes() % itemsize == 0, "set_: storage of ",
+              c10::unified::num(source.nbytes()),
+              " bytes is not a multiple of the element size ", c10::unified::num(itemsize));
   const int64_t numel = static_cast<int64_t>(source.nbytes() / itemsize);
   return set_source_storage_offset_unified_(self, std::move(source), 0, {numel}, {1});
 }

@@ -4,6 +4,7 @@
 
 #include "../aten/Placement.h"
 #include "../aten/UnifiedKernels.h"
+#include "../runtime/AcceleratorHook.h"
 #include "../runtime/UnifiedHooks.h"
 #include "../../c10_allocator/CudaRuntime.h"
 #include "../../c10_allocator/HostRegistration.h"
@@ -141,6 +142,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   at::native::unified::register_hooks();
   claim_structured_ops();
   m.def("_claimed_structured_ops", &claim_structured_ops);
+  m.def("_install_accelerator_hook", [](std::optional<std::string> previous) {
+    std::optional<c10::DeviceType> type;
+    if (previous.has_value()) {
+      type = c10::Device(*previous).type();
+    }
+    return at::native::unified::install_accelerator_hook(type);
+  });
   m.def("_memory_stats", [] { return alloc::get_allocator()->stats(); });
   m.def("_empty_cache", [] { alloc::get_allocator()->empty_cache(); });
   m.def("_reset_peak", [] { alloc::get_allocator()->reset_peak(); });

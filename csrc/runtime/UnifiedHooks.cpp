@@ -1,6 +1,7 @@
 #include "UnifiedHooks.h"
 
 #include "../aten/UnifiedKernels.h"
+#include "../../c10_allocator/Text.h"
 #include "../../c10_allocator/UnifiedAllocator.h"
 
 #include <ATen/Context.h>
@@ -11,7 +12,8 @@ namespace at::native::unified {
 namespace {
 void check_index(c10::DeviceIndex d) {
   TORCH_CHECK(d == 0 || d == -1,
-              "the unified device has a single index (unified:0); got index ", int(d));
+              "the unified device has a single index (unified:0); got index ",
+              c10::unified::num(static_cast<int>(d)));
 }
 } // namespace
 
