@@ -2,6 +2,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
+#include <atomic>
+
 #ifdef TORCH_DIRECT_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -21,10 +25,30 @@ namespace c10::unified::cuda {
                 cudaGetErrorString(err_));                           \
   } while (0)
 
+// Set once this process has asked the driver anything (which initializes it);
+// a fork()ed child of such a process cannot use CUDA (the driver's rule), so
+// there every placement rule takes its CPU branch.
+std::atomic<bool> g_probed{false};
+std::atomic<bool> g_bad_fork{false};
+
+void after_fork_in_child() {
+  if (g_probed.load()) {
+    g_bad_fork.store(true);
+  }
+}
+
+const bool g_atfork = [] {
+  pthread_atfork(nullptr, nullptr, &after_fork_in_child);
+  return true;
+}();
+
 bool available() {
-  // c10's device_count() uses NVML where it can, so asking does not create a
-  // context (and does not poison fork()).
+  if (g_bad_fork.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  // c10's device_count() uses NVML where it can; the answer is cached.
   static const bool ok = [] {
+    g_probed.store(true);
     try {
       return c10::cuda::device_count() > 0;
     } catch (...) {
@@ -35,11 +59,14 @@ bool available() {
 }
 
 bool context_initialized() {
-  if (!available()) {
+  // PyTorch's CUDA allocator is initialized by torch.cuda's lazy init: asking
+  // it touches no driver state (so allocating unified memory before any GPU
+  // use keeps fork() usable).
+  if (g_bad_fork.load(std::memory_order_relaxed)) {
     return false;
   }
-  // Asks the driver's primary-context state; creates no context.
-  return c10::cuda::getDeviceIndexWithPrimaryContext().has_value();
+  auto* allocator = c10::cuda::CUDACachingAllocator::get();
+  return allocator != nullptr && allocator->initialized();
 }
 
 std::string host_register(void* ptr, size_t size) {

@@ -112,9 +112,10 @@ class TestPinInplace(TestCase):
 class TestAllocatorGPU(TestCase):
     def test_pinned_bytes_within_one_percent(self):
         n = (256 << 20) + 4096 * 3 + 17
-        u = torch.empty(n, dtype=torch.uint8, device="unified")
         before = stats()["pinned_bytes"]
-        torch_direct._C._map_for_gpu(u)
+        u = torch.empty(n, dtype=torch.uint8, device="unified")
+        torch_direct._C._map_for_gpu(u)  # (mapped at allocation once CUDA is in use)
+        self.assertTrue(torch_direct._C._is_mapped(u))
         pinned = stats()["pinned_bytes"] - before
         self.assertGreaterEqual(pinned, n)
         self.assertLessEqual(pinned, n * 1.01)
@@ -158,7 +159,7 @@ class TestAllocatorGPU(TestCase):
         s = torch.cuda.Stream()
         idx = torch.arange(1 << 12, device="cuda")
         with torch.cuda.stream(s):
-            torch.cuda._sleep(200_000_000)  # keep the stream busy
+            torch.cuda._sleep(2_000_000_000)  # keep the stream busy for about a second
             y = u[idx]
         del u
         self.assertGreaterEqual(stats()["pending_free_blocks"], 1)
