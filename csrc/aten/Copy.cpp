@@ -64,43 +64,23 @@ at::Tensor _copy_from_unified(const at::Tensor& self, const at::Tensor& dst,
     unified::check_no_grad(src, "a copy");
   }
 
-  if (src_u && dst_u) {
-    alias_as(dst, c10::kCPU).copy_(alias_as(src, c10::kCPU));
-    return dst;
-  }
-  if (dst_u) {
-    TORCH_CHECK(src.is_cpu() || src.is_cuda(),
-                "copy_: cannot copy from a ", src.device().type(),
-                " tensor into a unified tensor (supported: cpu, cuda, unified)");
-    if (src.is_cuda()) {
-      if (dma_compatible(src, dst)) {
-        dma(src, dst, dst, src.device(), non_blocking);
-      } else {
-        alias_as(dst, src.device()).copy_(src);
-        if (!non_blocking) {
-          alloc::cuda::stream_synchronize(alloc::cuda::current_stream_of(src.device().index()));
-        }
-      }
-    } else {
-      alias_as(dst, c10::kCPU).copy_(src);
-    }
-    return dst;
-  }
-  // src is unified, dst is not
-  TORCH_CHECK(dst.is_cpu() || dst.is_cuda(),
-              "copy_: cannot copy a unified tensor into a ", dst.device().type(),
+  // The side that is not unified decides where the copy runs: a CUDA side
+  // makes it a DMA (or a kernel over a CUDA alias), anything else runs on the
+  // CPU over the same host pages.
+  const at::Tensor& other = src_u ? dst : src;
+  TORCH_CHECK(other.is_cpu() || other.is_cuda() || is_unified(other),
+              "copy_: cannot copy between a unified tensor and a ", other.device().type(),
               " tensor (supported: cpu, cuda, unified)");
-  if (dst.is_cuda()) {
-    if (dma_compatible(src, dst)) {
-      dma(src, dst, src, dst.device(), non_blocking);
-    } else {
-      dst.copy_(alias_as(src, dst.device()));
-      if (!non_blocking) {
-        alloc::cuda::stream_synchronize(alloc::cuda::current_stream_of(dst.device().index()));
-      }
-    }
-  } else {
-    dst.copy_(alias_as(src, c10::kCPU));
+  const c10::Device where = other.is_cuda() ? other.device() : c10::Device(c10::kCPU);
+  if (where.is_cuda() && dma_compatible(src, dst)) {
+    dma(src, dst, src_u ? src : dst, where, non_blocking);
+    return dst;
+  }
+  const at::Tensor src_view = src_u ? alias_as(src, where) : src;
+  const at::Tensor dst_view = dst_u ? alias_as(dst, where) : dst;
+  dst_view.copy_(src_view);
+  if (where.is_cuda() && !non_blocking) {
+    alloc::cuda::stream_synchronize(alloc::cuda::current_stream_of(where.index()));
   }
   return dst;
 }

@@ -41,6 +41,17 @@ namespace {
 void drop_storage_ref(void* ctx) {
   delete static_cast<c10::Storage*>(ctx);
 }
+
+// A tensor built over another's bytes keeps its lazy conj/neg views.
+at::Tensor with_math_bits(at::Tensor t, const at::Tensor& like) {
+  if (like.is_conj()) {
+    t._set_conj(true);
+  }
+  if (like.is_neg()) {
+    t._set_neg(true);
+  }
+  return t;
+}
 } // namespace
 
 void check_no_grad(const at::Tensor& u, const char* what) {
@@ -90,13 +101,7 @@ at::Tensor alias_as(const at::Tensor& u, c10::Device target, bool resizable) {
       std::move(alias_storage), c10::DispatchKeySet(key), u.dtype());
   t.unsafeGetTensorImpl()->set_sizes_and_strides(u.sizes(), u.strides(),
                                                  u.storage_offset());
-  if (u.is_conj()) {
-    t._set_conj(true);
-  }
-  if (u.is_neg()) {
-    t._set_neg(true);
-  }
-  return t;
+  return with_math_bits(std::move(t), u);
 }
 
 void write_back(const at::Tensor& u, const at::Tensor& alias) {
@@ -121,13 +126,7 @@ at::Tensor rewrap_view(const at::Tensor& base, const at::Tensor& view) {
       c10::TensorImpl::VIEW, c10::Storage(base.storage()), base.key_set(), view.dtype());
   t.unsafeGetTensorImpl()->set_sizes_and_strides(view.sizes(), view.strides(),
                                                  view.storage_offset());
-  if (view.is_conj()) {
-    t._set_conj(true);
-  }
-  if (view.is_neg()) {
-    t._set_neg(true);
-  }
-  return t;
+  return with_math_bits(std::move(t), view);
 }
 
 } // namespace at::native::unified
