@@ -95,6 +95,7 @@ setup(
     packages=find_packages(include=["torch_direct", "torch_direct.*"]),
     python_requires=">=3.9",
     install_requires=["torch>=2.5", "pyyaml"],
+    extras_require={"test": ["pytest", "expecttest", "numpy"]},
     ext_modules=[extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )
