@@ -30,7 +30,9 @@ def _child_write(u, q_out, use_gpu):
     # Plain lists travel back: the check is on what the child read, not on
     # sending tensors through a queue.
     q_out.put((ok, rows.tolist(), u.data_ptr()))
-    u[0].fill_(-42.0)  # visible to the parent: same pages
+    # A copy from a CPU tensor runs on the CPU over the same pages: a fork()ed
+    # child may not be able to use CUDA when its parent already asked the driver.
+    u[0].copy_(torch.full(u[0].shape, -42.0))  # visible to the parent: same pages
     q_out.put(torch_direct.memory_stats()["allocated_bytes"])
 
 
