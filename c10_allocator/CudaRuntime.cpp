@@ -127,10 +127,6 @@ void device_synchronize() {
   TD_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-c10::Stream current_stream() {
-  return c10::cuda::getCurrentCUDAStream().unwrap();
-}
-
 c10::DeviceIndex current_device() {
   return c10::cuda::current_device();
 }
@@ -162,9 +158,6 @@ bool event_done(void*) { return true; }
 void event_destroy(void*) {}
 void stream_synchronize(const c10::Stream&) {}
 void device_synchronize() {}
-c10::Stream current_stream() {
-  TORCH_CHECK(false, "torch_direct was built without CUDA");
-}
 c10::DeviceIndex current_device() { return -1; }
 void memcpy_async(void*, const void*, size_t, const c10::Stream&) {
   TORCH_CHECK(false, "torch_direct was built without CUDA");

@@ -37,8 +37,7 @@ void event_destroy(void* event);
 void stream_synchronize(const c10::Stream& stream);
 void device_synchronize();
 
-// The current CUDA stream and device; only meaningful when available().
-c10::Stream current_stream();
+// The current CUDA device; only meaningful when available().
 c10::DeviceIndex current_device();
 
 // Asynchronous copy on `stream` (kind inferred from the addresses).

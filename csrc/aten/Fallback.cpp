@@ -18,15 +18,6 @@
 namespace at::native::unified {
 namespace {
 
-// The alias set an argument or return is annotated with (e.g. `a` in
-// `Tensor(a!)` or `Tensor(a)[]`), if any.
-const c10::AliasInfo* alias_info_of(const c10::Argument& a) {
-  if (a.alias_info() != nullptr) {
-    return a.alias_info();
-  }
-  return nullptr;
-}
-
 bool same_set(const c10::AliasInfo* x, const c10::AliasInfo* y) {
   if (x == nullptr || y == nullptr) {
     return false;
@@ -141,7 +132,6 @@ void check_range(const at::Tensor& index, int64_t size, const char* op) {
 void check_gather_indices(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                           size_t args_begin) {
   const auto& name = op.schema().name();
-  const auto& ov = op.schema().overload_name();
   auto arg = [&](size_t i) -> const c10::IValue& { return stack[args_begin + i]; };
   if (name == "aten::index_select" && arg(0).isTensor() && is_unified(arg(0).toTensor())) {
     const auto& self = arg(0).toTensor();
@@ -173,7 +163,6 @@ void check_gather_indices(const c10::OperatorHandle& op, const torch::jit::Stack
       d += 1;
     }
   }
-  (void)ov;
 }
 
 } // namespace
@@ -207,7 +196,7 @@ void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   std::vector<std::vector<at::Tensor>> originals(num_args), aliases(num_args);
   for (const auto i : c10::irange(num_args)) {
     auto& v = (*stack)[args_begin + i];
-    const bool written = is_write(alias_info_of(schema.arguments()[i]));
+    const bool written = is_write(schema.arguments()[i].alias_info());
     v = substitute(v, target, written, originals[i], aliases[i]);
   }
 
@@ -217,11 +206,11 @@ void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   const auto rets_begin = stack->size() - returns.size();
   for (const auto r : c10::irange(returns.size())) {
     auto& out = (*stack)[rets_begin + r];
-    const c10::AliasInfo* rinfo = alias_info_of(returns[r]);
+    const c10::AliasInfo* rinfo = returns[r].alias_info();
     std::optional<size_t> source;
     if (rinfo != nullptr) {
       for (const auto i : c10::irange(num_args)) {
-        if (same_set(rinfo, alias_info_of(schema.arguments()[i]))) {
+        if (same_set(rinfo, schema.arguments()[i].alias_info())) {
           source = i;
           break;
         }
