@@ -476,8 +476,20 @@ void* UnifiedAllocator::ensure_mapped(const c10::DataPtr& ptr) {
     return ptr.get();
   }
   TORCH_CHECK(b != nullptr && block_of(ptr) == b, "torch_direct: not a unified block");
+  check_alive(ptr);
   map_block(b);
   return ptr.get();
+}
+
+void UnifiedAllocator::check_alive(const c10::DataPtr& ptr) const {
+  Block* b = block_of(ptr);
+  if (b == nullptr || b->kind != Block::kForeign) {
+    return;
+  }
+  TORCH_CHECK(b->keep.data_ptr().get() == b->ptr && b->keep.nbytes() >= b->size,
+              "torch_direct: the CPU tensor behind this pin_inplace() alias was resized or "
+              "moved (resize_, share_memory_, set_ ...), so the pages the alias points to "
+              "were freed. Pin the tensor again after changing its storage.");
 }
 
 bool UnifiedAllocator::is_mapped(const c10::DataPtr& ptr) const {

@@ -55,6 +55,10 @@ class UnifiedAllocator final : public c10::Allocator {
   // address of `ptr`. No-op without CUDA.
   void* ensure_mapped(const c10::DataPtr& ptr);
 
+  // Throws if the block's pages are gone: a pin_inplace alias whose CPU
+  // tensor was resized or moved (its storage now points elsewhere).
+  void check_alive(const c10::DataPtr& ptr) const;
+
   // Whether the block's pages are registered with CUDA in this process.
   bool is_mapped(const c10::DataPtr& ptr) const;
 

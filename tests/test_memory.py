@@ -101,6 +101,18 @@ class TestPinInplace(TestCase):
             with self.assertRaisesRegex(RuntimeError, "CPU tensor"):
                 torch_direct.pin_inplace(torch.ones(3, device="cuda"))
 
+    def test_alias_of_a_moved_tensor_is_a_clear_error(self):
+        t = torch.arange(8.0)
+        u = torch_direct.pin_inplace(t)
+        t.resize_(1 << 20)  # the CPU storage moves to new pages; the old ones are freed
+        t.fill_(1.0)
+        for use in (lambda: u + 1, lambda: u.cpu(), lambda: u[0].item()):
+            with self.assertRaisesRegex(RuntimeError, "resized or moved"):
+                use()
+        self.assertEqual(t[:3], torch.ones(3))  # the CPU tensor is intact
+        again = torch_direct.pin_inplace(t)
+        self.assertEqual(again[:3].cpu(), torch.ones(3))
+
     def test_original_outlives_or_dies_first(self):
         t = torch.arange(6.0)
         u = torch_direct.pin_inplace(t)

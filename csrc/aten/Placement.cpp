@@ -77,6 +77,7 @@ at::Tensor alias_as(const at::Tensor& u, c10::Device target, bool resizable) {
   const auto& dp = storage.data_ptr();
   void* base = dp.get();
   if (base != nullptr) {
+    alloc::get_allocator()->check_alive(dp);
     if (target.is_cuda()) {
       auto* allocator = alloc::get_allocator();
       if (allocator->owns(dp)) {
