@@ -22,6 +22,8 @@ from ._backend import (  # noqa: F401  (registers the device on import)
     reset_peak_memory_stats,
 )
 
+from ._gather import gather  # noqa: E402
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "built_with_cuda",
     "cuda_available",
     "empty_cache",
+    "gather",
     "is_unified",
     "memory_stats",
     "pin_inplace",

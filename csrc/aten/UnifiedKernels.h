@@ -54,6 +54,9 @@ namespace unified {
 void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                       torch::jit::Stack* stack);
 
+// Row gather into a CPU tensor with a fused cast (GatherCpu.cpp).
+at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at::Tensor& out);
+
 // Resize the bytes of a unified storage (used by resize_ and the hooks).
 void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes);
 } // namespace unified

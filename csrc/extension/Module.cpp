@@ -161,6 +161,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_map_for_gpu", &map_for_gpu);
   m.def("_as_cuda_alias", &as_cuda_alias);
   m.def("_as_cpu_alias", &as_cpu_alias);
+  m.def("_gather_rows_cpu", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out) {
+    return at::native::unified::gather_rows_cpu(table, index, out);
+  });
   m.def("_cuda_available", [] { return alloc::cuda::available(); });
   m.def("_register_chunk_bytes", [] { return alloc::register_chunk_bytes(); });
   m.def("_built_with_cuda", [] {

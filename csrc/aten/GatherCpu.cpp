@@ -1,0 +1,99 @@
+// Row gather from a unified table into a CPU tensor (rule R2), multi-threaded,
+// with the dtype cast fused into the copy of each row. Indices are checked
+// before any row is read.
+
+#include "Placement.h"
+
+#include "../../c10_allocator/Text.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <cstring>
+
+namespace at::native::unified {
+namespace {
+
+template <typename index_t>
+void check_indices(const index_t* idx, int64_t n, int64_t rows) {
+  index_t lo = 0;
+  index_t hi = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, idx[i]);
+    hi = std::max(hi, idx[i]);
+  }
+  const int64_t bad = static_cast<int64_t>(lo) < -rows ? static_cast<int64_t>(lo)
+                                                       : static_cast<int64_t>(hi);
+  TORCH_CHECK_INDEX(static_cast<int64_t>(lo) >= -rows && static_cast<int64_t>(hi) < rows,
+                    "gather: index ", c10::unified::num(bad),
+                    " is out of bounds for a unified table of ", c10::unified::num(rows),
+                    " rows (valid: ", c10::unified::num(-rows), " to ",
+                    c10::unified::num(rows - 1), ")");
+}
+
+template <typename index_t>
+void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Tensor& out) {
+  const int64_t rows = table.size(0);
+  const int64_t width = table.numel() / std::max<int64_t>(rows, 1);
+  const int64_t in_stride = table.stride(0);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
+  if (out.scalar_type() == table.scalar_type()) {
+    const size_t row_bytes = static_cast<size_t>(width) * table.element_size();
+    const char* base = static_cast<const char*>(table.const_data_ptr());
+    char* dst = static_cast<char*>(out.data_ptr());
+    const int64_t stride_bytes = in_stride * table.element_size();
+    at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t r = idx[i] < 0 ? idx[i] + rows : idx[i];
+        std::memcpy(dst + i * row_bytes, base + r * stride_bytes, row_bytes);
+      }
+    });
+    return;
+  }
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, table.scalar_type(), "gather_in", [&] {
+    using in_t = scalar_t;
+    const in_t* base = table.const_data_ptr<in_t>();
+    AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, out.scalar_type(), "gather_out", [&] {
+      scalar_t* dst = out.data_ptr<scalar_t>();
+      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const int64_t r = idx[i] < 0 ? idx[i] + rows : idx[i];
+          const in_t* src = base + r * in_stride;
+          scalar_t* o = dst + i * width;
+          for (int64_t k = 0; k < width; ++k) {
+            o[k] = static_cast<scalar_t>(src[k]);
+          }
+        }
+      });
+    });
+  });
+}
+
+} // namespace
+
+// out[i, ...] = table[index[i], ...] for a unified `table` whose rows are
+// contiguous, a 1-D CPU integer `index` and a contiguous CPU `out` of shape
+// (len(index), *table.shape[1:]) in any dtype.
+at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at::Tensor& out) {
+  TORCH_CHECK(is_unified(table), "gather_rows_cpu: expected a unified table");
+  TORCH_CHECK(index.is_cpu() && index.dim() == 1 &&
+                  (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt),
+              "gather_rows_cpu: expected a 1-D int32/int64 CPU index");
+  TORCH_CHECK(out.is_cpu() && out.is_contiguous(), "gather_rows_cpu: expected a contiguous CPU out");
+  TORCH_CHECK(table.dim() >= 1, "gather_rows_cpu: the table needs at least one dimension");
+  TORCH_CHECK(table.size(0) == 0 || table.select(0, 0).is_contiguous(),
+              "gather_rows_cpu: each row of the table must be contiguous");
+  const at::Tensor host = alias_as(table, c10::Device(c10::kCPU));
+  const at::Tensor idx = index.contiguous();
+  const int64_t rows = table.size(0);
+  TORCH_CHECK(out.numel() == idx.numel() * (table.numel() / std::max<int64_t>(rows, 1)),
+              "gather_rows_cpu: out has the wrong number of elements");
+  AT_DISPATCH_INDEX_TYPES(idx.scalar_type(), "gather_rows_cpu", [&] {
+    check_indices<index_t>(idx.const_data_ptr<index_t>(), idx.numel(), rows);
+    gather_rows<index_t>(host, idx.const_data_ptr<index_t>(), idx.numel(), out);
+  });
+  return out;
+}
+
+} // namespace at::native::unified
