@@ -1,0 +1,46 @@
+"""The gather benchmark runs, records what it measured, and rejects bad options."""
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+def bench(*args):
+    return subprocess.run([sys.executable, "-m", "torch_direct.bench", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+class TestGatherBench(TestCase):
+    def test_small_run_writes_a_complete_record(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "g.json"
+            r = bench("gather", "--table-gb", "0.01", "--row-bytes", "128,200", "--indices", "3000",
+                      "--dtypes", "fp32", "--orders", "random", "--repeats", "2", "--out", str(out))
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            rec = json.loads(out.read_text())
+            self.assertEqual(rec["benchmark"], "gather")
+            self.assertIn("torch", rec["machine"])
+            self.assertEqual(len(rec["points"]), 2)
+            for p in rec["points"]:
+                self.assertIn("ours", p["times"])
+                self.assertIn("cpu_centric", p["times"])
+                t = p["times"]["ours"]
+                self.assertEqual(t["repeats"], 2)
+                self.assertGreater(t["GBps"], 0)
+                self.assertAlmostEqual(t["GBps"], p["bytes"] / t["median_s"] / 1e9)
+                self.assertIn("cpu_centric", p["speedup_vs"])
+            self.assertIn("speedup", r.stdout)
+
+    def test_bad_options(self):
+        self.assertEqual(bench("gather", "--orders", "shuffled").returncode, 2)
+        self.assertEqual(bench("gather", "--indices", "0").returncode, 2)
+        self.assertEqual(bench("gather", "--dtypes", "fp8").returncode, 2)
+        self.assertIn("gather", bench("--help").stdout)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,1 @@
+"""Benchmarks: python -m torch_direct.bench {gather} --help."""

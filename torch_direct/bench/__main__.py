@@ -1,0 +1,26 @@
+"""python -m torch_direct.bench BENCHMARK [options]   (BENCHMARK: gather)"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m torch_direct.bench",
+                                 description="PyTorch-Direct benchmarks; each writes JSON and can plot it.")
+    sub = ap.add_subparsers(dest="bench")
+    from . import gather
+
+    gather.add_arguments(sub.add_parser("gather", help=gather.__doc__.splitlines()[0],
+                                        description=gather.__doc__,
+                                        formatter_class=argparse.RawDescriptionHelpFormatter))
+    args = ap.parse_args(argv)
+    if args.bench == "gather":
+        return gather.run(args)
+    ap.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

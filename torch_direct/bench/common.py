@@ -1,0 +1,83 @@
+"""Shared benchmark plumbing: timing, machine record, JSON and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def machine_record() -> dict:
+    rec = {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    try:
+        with open("/proc/meminfo") as f:
+            rec["mem_total_kb"] = int(f.readline().split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return rec
+
+
+def time_it(fn: Callable[[], object], repeats: int, warmup: int, gpu: bool) -> dict:
+    """Median wall time (s) and CPU time (s) per call, after warm-up.
+
+    GPU work is timed with CUDA events around each call (the host waits for
+    the end event), CPU work with perf_counter.
+    """
+    for _ in range(warmup):
+        fn()
+    if gpu:
+        torch.cuda.synchronize()
+    walls, cpus = [], []
+    for _ in range(repeats):
+        c0 = time.process_time()
+        if gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            walls.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return {"median_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
+            "repeats": repeats, "all_s": walls}
+
+
+def write_json(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)  # never leave a half-written record
+
+
+def progress(it, total: int, label: str):
+    """tqdm when installed, else a plain counter on stderr."""
+    try:
+        from tqdm import tqdm
+
+        yield from tqdm(it, total=total, desc=label)
+        return
+    except ImportError:
+        pass
+    import sys
+
+    for i, x in enumerate(it, 1):
+        print(f"\r{label}: {i}/{total}", end="", file=sys.stderr, flush=True)
+        yield x
+    print(file=sys.stderr)

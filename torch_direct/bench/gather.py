@@ -1,0 +1,199 @@
+"""Gather micro-benchmark: B rows of an N x D host table landed on the GPU.
+
+Sweeps row size, table size, index count, index order and dtype, and times,
+in the same run: `ours` (torch_direct.gather), `memcpy` (contiguous pinned
+host-to-device copy of the same bytes: the PCIe limit), `cpu_centric` (CPU
+threads gather into a pinned buffer, then one DMA), `naive_uva` (stock
+index_select on a CUDA alias of the mapped table), `naive_uva_sorted` (the same
+with sorted indices, rows scattered back to the requested order) and
+`gpu_resident` (the table in GPU memory, where it fits). Prints GB/s, million
+rows/s, each reference's ratio and CPU seconds per GB moved; writes JSON and a
+PNG. Without a usable GPU it says so and times the CPU paths (`ours` and
+`cpu_centric`, both gathering into host memory).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+from .common import machine_record, progress, time_it, write_json
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+ROW_BYTES = (64, 128, 200, 256, 400, 512, 1024, 2048)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(float(x)) for x in text.split(",") if x]
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--table-gb", default=None,
+                    help="table sizes in GB, comma-separated (default: 1,32 with a GPU; 0.25 without)")
+    ap.add_argument("--row-bytes", default=",".join(map(str, ROW_BYTES)),
+                    help="row sizes in bytes (default: %(default)s)")
+    ap.add_argument("--indices", default=None,
+                    help="index counts (default: 400000,2000000 with a GPU; 100000 without)")
+    ap.add_argument("--orders", default="random,sorted", help="index orders (default: %(default)s)")
+    ap.add_argument("--dtypes", default="fp32,fp16", help="table dtypes (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=10, help="timed calls per point (default: %(default)s)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed calls first (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=Path("results/gather.json"),
+                    help="JSON record to write (default: %(default)s)")
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="PNG to draw (default: the JSON path with .png)")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def _methods(table, idx, gpu: bool, resident):
+    """name -> zero-argument callable doing one gather of `idx` rows."""
+    import torch_direct
+
+    n, width = idx.numel(), table.shape[1]
+    host = torch_direct._C._as_cpu_alias(table)
+    idx_cpu = idx.cpu()
+    m = {"ours": lambda: torch_direct.gather(table, idx)}
+    if not gpu:
+        buf = torch.empty(n, width, dtype=table.dtype)
+        m["cpu_centric"] = lambda: torch.index_select(host, 0, idx_cpu, out=buf)
+        return m
+    nbytes = n * width * table.element_size()
+    flat = table.view(-1).view(torch.uint8)[:nbytes]
+    dst_bytes = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    m["memcpy"] = lambda: dst_bytes.copy_(flat, non_blocking=True)
+    pinned = torch.empty(n, width, dtype=table.dtype, pin_memory=True)
+    dst = torch.empty(n, width, dtype=table.dtype, device="cuda")
+
+    def cpu_centric():
+        torch.index_select(host, 0, idx_cpu, out=pinned)
+        dst.copy_(pinned, non_blocking=True)
+
+    m["cpu_centric"] = cpu_centric
+    alias = torch_direct._C._as_cuda_alias(table, idx.device.index or 0)
+    m["naive_uva"] = lambda: torch.index_select(alias, 0, idx)
+    out = torch.empty(n, width, dtype=table.dtype, device="cuda")
+
+    def naive_uva_sorted():
+        s, perm = torch.sort(idx)
+        out[perm] = torch.index_select(alias, 0, s)
+
+    m["naive_uva_sorted"] = naive_uva_sorted
+    if resident is not None:
+        m["gpu_resident"] = lambda: torch.index_select(resident, 0, idx)
+    return m
+
+
+def run(args) -> int:
+    import torch_direct
+
+    gpu = torch.cuda.is_available() and torch_direct.cuda_available()
+    if not gpu:
+        print("gather bench: no usable GPU here: timing the CPU paths (ours, cpu_centric) only",
+              file=sys.stderr)
+    try:
+        tables = [float(x) for x in (args.table_gb or ("1,32" if gpu else "0.25")).split(",")]
+        rows = _ints(args.row_bytes)
+        counts = _ints(args.indices or ("400000,2000000" if gpu else "100000"))
+        orders = [o for o in args.orders.split(",") if o]
+        dtypes = [DTYPES[d] for d in args.dtypes.split(",") if d]
+    except (KeyError, ValueError) as e:
+        print(f"gather bench: bad option value: {e}", file=sys.stderr)
+        return 2
+    bad = [o for o in orders if o not in ("random", "sorted")]
+    if bad or any(r <= 0 for r in rows) or any(c <= 0 for c in counts) or args.repeats <= 0:
+        print("gather bench: orders must be random/sorted; sizes and repeats positive", file=sys.stderr)
+        return 2
+    gen = torch.Generator().manual_seed(args.seed)
+    record = {"benchmark": "gather", "machine": machine_record(), "config": vars(args) | {
+        "out": str(args.out), "plot": str(args.plot)}, "points": []}
+    dev = torch.device("cuda") if gpu else torch.device("cpu")
+    for gb in tables:
+        nbytes = int(gb * 1e9)
+        base = torch.empty(nbytes // 4, dtype=torch.float32, device="unified")
+        base.uniform_(-1, 1)  # random data: zeros would hide unwritten rows and run faster
+        grid = list(itertools.product(dtypes, rows, counts, orders))
+        for dtype, row_bytes, count, order in progress(grid, len(grid), f"table {gb} GB"):
+            es = torch.tensor([], dtype=dtype).element_size()
+            if row_bytes % es:
+                continue
+            width = row_bytes // es
+            n_rows = nbytes // row_bytes
+            table = base.view(torch.uint8)[: n_rows * row_bytes].view(dtype).view(n_rows, width)
+            idx = torch.randint(0, n_rows, (count,), generator=gen)
+            if order == "sorted":
+                idx = idx.sort().values
+            idx = idx.to(dev)
+            resident = None
+            if gpu and nbytes < 0.4 * torch.cuda.mem_get_info()[0]:
+                resident = table.to("cuda")
+            moved = count * row_bytes
+            point = {"table_gb": gb, "dtype": str(dtype).split(".")[-1], "row_bytes": row_bytes,
+                     "indices": count, "order": order, "bytes": moved, "times": {}}
+            for name, fn in _methods(table, idx, gpu, resident).items():
+                t = time_it(fn, args.repeats, args.warmup, gpu)
+                t["GBps"] = moved / t["median_s"] / 1e9
+                t["Mrows_per_s"] = count / t["median_s"] / 1e6
+                t["cpu_s_per_GB"] = t["cpu_s"] / (moved / 1e9)
+                point["times"][name] = t
+            ours = point["times"]["ours"]["median_s"]
+            # time(reference) / time(ours): above 1, ours is faster
+            point["speedup_vs"] = {k: v["median_s"] / ours
+                                   for k, v in point["times"].items() if k != "ours"}
+            record["points"].append(point)
+            del resident
+        del base
+    write_json(args.out, record)
+    _print_table(record)
+    plot = args.plot or args.out.with_suffix(".png")
+    if draw(record, plot):
+        print(f"wrote {args.out} and {plot}")
+    else:
+        print(f"wrote {args.out} (no plot: matplotlib is not installed)")
+    return 0
+
+
+def _print_table(record: dict) -> None:
+    names = sorted({k for p in record["points"] for k in p["times"]}, key=lambda k: (k != "ours", k))
+    head = f"{'table':>6} {'dtype':>8} {'row B':>6} {'idx':>8} {'order':>7} " + " ".join(
+        f"{n + ' GB/s':>22}" for n in names) + f" {'ours Mrow/s':>12} {'ours CPU s/GB':>14}"
+    print(head)
+    for p in record["points"]:
+        cells = [f"{p['times'][n]['GBps']:>22.2f}" if n in p["times"] else f"{'-':>22}" for n in names]
+        o = p["times"]["ours"]
+        print(f"{p['table_gb']:>6} {p['dtype']:>8} {p['row_bytes']:>6} {p['indices']:>8} {p['order']:>7} "
+              + " ".join(cells) + f" {o['Mrows_per_s']:>12.1f} {o['cpu_s_per_GB']:>14.3f}")
+    print("speedup of ours = time(reference) / time(ours); above 1, ours is faster")
+    for p in record["points"]:
+        print(f"  {p['table_gb']} GB {p['dtype']} {p['row_bytes']} B {p['indices']} {p['order']}: "
+              + ", ".join(f"vs {k} {v:.2f}x" for k, v in p["speedup_vs"].items()))
+
+
+def draw(record: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    groups = sorted({(p["table_gb"], p["indices"], p["order"], p["dtype"]) for p in record["points"]})
+    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3.2 * len(groups)), squeeze=False)
+    for ax, g in zip(axes[:, 0], groups):
+        pts = [p for p in record["points"] if (p["table_gb"], p["indices"], p["order"], p["dtype"]) == g]
+        for name in sorted({k for p in pts for k in p["times"]}):
+            xs = [p["row_bytes"] for p in pts if name in p["times"]]
+            ys = [p["times"][name]["GBps"] for p in pts if name in p["times"]]
+            ax.plot(xs, ys, marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{g[0]} GB table, {g[1]} {g[2]} indices, {g[3]}")
+        ax.set_xlabel("row bytes")
+        ax.set_ylabel("GB/s")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
