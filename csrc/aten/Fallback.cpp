@@ -119,12 +119,7 @@ void check_range(const at::Tensor& index, int64_t size, const char* op) {
   }
   // One reduction and one sync: dedicated gather kernels check on the fly.
   auto [lo, hi] = at::aminmax(index);
-  const int64_t mn = lo.item<int64_t>();
-  const int64_t mx = hi.item<int64_t>();
-  using c10::unified::num;
-  TORCH_CHECK_INDEX(mn >= -size && mx < size, op, ": index ", num(mn < -size ? mn : mx),
-                    " is out of bounds for a unified table of size ", num(size),
-                    " (valid: ", num(-size), " to ", num(size - 1), ")");
+  check_index_bounds(lo.item<int64_t>(), hi.item<int64_t>(), size, op);
 }
 
 // Invariant: no GPU kernel reads host memory through an unchecked index. CPU

@@ -4,8 +4,6 @@
 
 #include "Placement.h"
 
-#include "../../c10_allocator/Text.h"
-
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -23,13 +21,7 @@ void check_indices(const index_t* idx, int64_t n, int64_t rows) {
     lo = std::min(lo, idx[i]);
     hi = std::max(hi, idx[i]);
   }
-  const int64_t bad = static_cast<int64_t>(lo) < -rows ? static_cast<int64_t>(lo)
-                                                       : static_cast<int64_t>(hi);
-  TORCH_CHECK_INDEX(static_cast<int64_t>(lo) >= -rows && static_cast<int64_t>(hi) < rows,
-                    "gather: index ", c10::unified::num(bad),
-                    " is out of bounds for a unified table of ", c10::unified::num(rows),
-                    " rows (valid: ", c10::unified::num(-rows), " to ",
-                    c10::unified::num(rows - 1), ")");
+  check_index_bounds(static_cast<int64_t>(lo), static_cast<int64_t>(hi), rows, "gather");
 }
 
 template <typename index_t>

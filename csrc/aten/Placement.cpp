@@ -1,6 +1,7 @@
 #include "Placement.h"
 
 #include "../../c10_allocator/CudaRuntime.h"
+#include "../../c10_allocator/Text.h"
 #include "../../c10_allocator/UnifiedAllocator.h"
 
 #include <ATen/ATen.h>
@@ -61,6 +62,13 @@ void check_no_grad(const at::Tensor& u, const char* what) {
               "computed on the CPU or a GPU and cannot be accumulated into host memory. Use the "
               "table without requires_grad (u.requires_grad_(False) or torch.no_grad()), or "
               "gather rows first and make those require grad (rows = u[idx].requires_grad_()).");
+}
+
+void check_index_bounds(int64_t lo, int64_t hi, int64_t size, const char* op) {
+  using c10::unified::num;
+  TORCH_CHECK_INDEX(lo >= -size && hi < size, op, ": index ", num(lo < -size ? lo : hi),
+                    " is out of bounds for a unified table of size ", num(size),
+                    " (valid: ", num(-size), " to ", num(size - 1), ")");
 }
 
 void synchronize_for_host(const at::Tensor& u) {

@@ -41,6 +41,11 @@ at::Tensor rewrap_view(const at::Tensor& base, const at::Tensor& view);
 // would be computed on a CPU/CUDA device and rejected by the engine).
 void check_no_grad(const at::Tensor& u, const char* what);
 
+// Raises IndexError unless every index in [lo, hi] (the smallest and largest
+// index asked for) is valid for `size` rows; negative indices count from the
+// end. `op` names the caller in the message.
+void check_index_bounds(int64_t lo, int64_t hi, int64_t size, const char* op);
+
 // Waits for GPU work that may touch u's pages (before a host access).
 void synchronize_for_host(const at::Tensor& u);
 
