@@ -66,11 +66,18 @@ def want_cuda() -> bool:
     return torch.version.cuda is not None and has_nvcc
 
 
-def sources() -> list[str]:
+def sources(cuda: bool) -> list[str]:
+    """Every .cpp under c10_allocator/ and csrc/; every .cu under csrc/ when building with CUDA.
+
+    Code that calls into a .cu file guards the call with TORCH_DIRECT_WITH_CUDA, so a host-only
+    build links without them.
+    """
     generated = gen_registrations.generate()
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "c10_allocator").glob("*.cpp"))
-    files += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp")
-                    if "generated" not in p.parts)
+    patterns = ["*.cpp", "*.cu"] if cuda else ["*.cpp"]
+    for pattern in patterns:
+        files += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob(pattern)
+                        if "generated" not in p.parts)
     files.append(str(generated.relative_to(ROOT)))
     return files
 
@@ -78,8 +85,9 @@ def sources() -> list[str]:
 def extension():
     debug = os.environ.get("TORCH_DIRECT_DEBUG") == "1"
     cxx = ["-O0", "-g"] if debug else ["-O3"]
-    kwargs = dict(name="torch_direct._C", sources=sources(), include_dirs=[str(ROOT)])
-    if want_cuda():
+    cuda = want_cuda()
+    kwargs = dict(name="torch_direct._C", sources=sources(cuda), include_dirs=[str(ROOT)])
+    if cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
         return cpp_extension.CUDAExtension(
             extra_compile_args={"cxx": cxx + ["-DTORCH_DIRECT_WITH_CUDA"],
