@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (device tool): build the extension, then run every
+# test file (or the files given as arguments) with a time limit each. Logs and
+# a one-line-per-file summary go to $OUT (default ./device_out).
+set -u
+OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then   # wheels the machine lacks (no network there)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+t0=$(date +%s)
+if ! MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; exit 1
+fi
+echo "build: $(( $(date +%s) - t0 )) s"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, torch_direct; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'built_with_cuda', torch_direct.built_with_cuda())" | tee -a "$OUT/gpu.txt"
+files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_*.py)
+for f in "${files[@]}"; do
+  name=$(basename "$f" .py)
+  s=$(date +%s)
+  timeout "${PER_FILE_TIMEOUT:-300}" python3 -m pytest -q -rs -p no:cacheprovider "$f" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - s ))s :: $(tail -1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
+done
