@@ -6,6 +6,7 @@
 #include "../aten/UnifiedKernels.h"
 #include "../runtime/AcceleratorHook.h"
 #include "../runtime/UnifiedHooks.h"
+#include "../sampler/Bindings.h"
 #include "../../c10_allocator/CudaRuntime.h"
 #include "../../c10_allocator/HostRegistration.h"
 #include "../../c10_allocator/UnifiedAllocator.h"
@@ -164,6 +165,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_gather_rows_cpu", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out) {
     return at::native::unified::gather_rows_cpu(table, index, out);
   });
+  torch_direct::sampler::bind(m);
   m.def("_cuda_available", [] { return alloc::cuda::available(); });
   m.def("_register_chunk_bytes", [] { return alloc::register_chunk_bytes(); });
   m.def("_built_with_cuda", [] {

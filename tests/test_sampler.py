@@ -1,0 +1,289 @@
+"""CPU neighbour sampler: block layout, correctness against a reference, unbiasedness, determinism."""
+
+import itertools
+
+import numpy as np
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_direct
+from torch_direct.graph import CSRGraph, NeighborSampler
+
+# Upper 0.1% points of the chi-square distribution (df: value).
+CHI2_999 = {6: 22.458, 34: 65.247, 99: 148.230}
+
+
+def chi_square(counts, expected):
+    counts = np.asarray(counts, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def random_graph(num_nodes=300, num_edges=3000, seed=0, col_dtype=torch.int64):
+    g = torch.Generator().manual_seed(seed)
+    # A few hubs so some nodes have degree far above the fanouts, and some none.
+    src = torch.randint(num_nodes, (num_edges,), generator=g)
+    dst = (torch.rand(num_edges, generator=g) ** 3 * num_nodes).long()
+    return CSRGraph.from_edge_index(torch.stack([src, dst]), num_nodes, dedupe=True,
+                                    remove_self_loops=True, col_dtype=col_dtype)
+
+
+def star_graph(degree):
+    """Node 0 aggregates from nodes 1..degree."""
+    src = torch.arange(1, degree + 1)
+    return CSRGraph.from_edge_index(torch.stack([src, torch.zeros_like(src)]), degree + 1)
+
+
+def floyd_reference(n, k, trials, draw_below, rng):
+    """Floyd's k-of-n selection, vectorized over trials, with a caller-supplied
+    bounded draw: the shape of the sampler's algorithm, for a biased twin."""
+    picks = np.empty((trials, k), dtype=np.int64)
+    for i, j in enumerate(range(n - k, n)):
+        t = draw_below(j + 1, trials, rng)
+        seen = (picks[:, :i] == t[:, None]).any(axis=1)
+        picks[:, i] = np.where(seen, j, t)
+    return picks
+
+
+def modulo_draw(bound, size, rng):
+    """`rand() % bound`, the draw of PyG's and SALIENT's samplers, with a 5-bit
+    rand(): the same modulo bias, enlarged so that a test of this size sees it
+    (its expected chi-square here is about 530, against 65 for p = 0.001)."""
+    return rng.integers(0, 32, size=size) % bound
+
+
+def unbiased_draw(bound, size, rng):
+    return rng.integers(0, bound, size=size)
+
+
+def subset_counts(picks, n):
+    index = {s: i for i, s in enumerate(itertools.combinations(range(n), picks.shape[1]))}
+    counts = np.zeros(len(index), dtype=np.int64)
+    for row in np.sort(picks, axis=1):
+        counts[index[tuple(row)]] += 1
+    return counts
+
+
+class TestBlocks(TestCase):
+    def check_batch(self, graph, seeds, fanouts, batch):
+        """Everything the block layout promises, checked against the graph."""
+        rowptr, col = graph.rowptr, graph.col.long()
+        n_id = batch.n_id
+        self.assertEqual(batch.batch_size, len(seeds))
+        self.assertEqual(n_id[:len(seeds)], torch.as_tensor(seeds))
+        self.assertEqual(n_id.unique().numel(), n_id.numel())
+        self.assertEqual(len(batch.hops), len(fanouts))
+        self.assertEqual(batch.adjs, batch.hops[::-1])
+        n_dst = len(seeds)
+        for fanout, (edge_index, _, (n_src, nd)) in zip(fanouts, batch.hops):
+            self.assertEqual(nd, n_dst)
+            self.assertGreaterEqual(n_src, n_dst)
+            src, dst = edge_index
+            if edge_index.numel():
+                self.assertTrue(bool((src >= 0).all() and (src < n_src).all()))
+                self.assertTrue(bool((dst >= 0).all() and (dst < n_dst).all()))
+            # Edges come grouped by target, and new nodes are numbered in the
+            # order the edges discover them (the reference's hash-map walk).
+            self.assertTrue(bool((dst[1:] >= dst[:-1]).all()))
+            seen = {int(v): i for i, v in enumerate(n_id[:n_dst].tolist())}
+            for u in n_id[src].tolist():
+                seen.setdefault(u, len(seen))
+            self.assertEqual(len(seen), n_src)
+            self.assertEqual(n_id[:n_src].tolist(), sorted(seen, key=seen.get))
+            for t in range(n_dst):
+                v = int(n_id[t])
+                nbrs = col[rowptr[v]:rowptr[v + 1]].tolist()
+                got = n_id[src[dst == t]].tolist()
+                self.assertEqual(len(got), len(set(got)), f"duplicate neighbour of {v}")
+                self.assertTrue(set(got) <= set(nbrs), f"a sampled edge into {v} does not exist")
+                expect = len(nbrs) if fanout < 0 else min(fanout, len(nbrs))
+                self.assertEqual(len(got), expect)
+                if fanout < 0 or len(nbrs) <= fanout:
+                    self.assertEqual(sorted(got), sorted(nbrs))
+            n_dst = n_src
+        self.assertEqual(n_dst, n_id.numel())
+
+    def test_blocks_match_the_graph(self):
+        for col_dtype in (torch.int64, torch.int32):
+            graph = random_graph(col_dtype=col_dtype)
+            sampler = NeighborSampler(graph, [4, 3, 2], seed=1)
+            for seeds in ([0, 5, 7, 299], [3], list(range(100, 160, 3))):
+                self.check_batch(graph, seeds, [4, 3, 2], sampler.sample(seeds))
+
+    def test_all_and_zero_fanouts(self):
+        graph = random_graph()
+        seeds = [1, 2, 250]
+        self.check_batch(graph, seeds, [-1, 2], NeighborSampler(graph, [-1, 2]).sample(seeds))
+        batch = NeighborSampler(graph, [0, 3]).sample(seeds)
+        self.assertEqual(batch.hops[0].edge_index.shape, (2, 0))
+        self.assertEqual(batch.hops[0].size, (3, 3))
+        self.check_batch(graph, seeds, [0, 3], batch)
+
+    def test_large_fanout_uses_the_hash_set_path(self):
+        graph = star_graph(100)
+        batch = NeighborSampler(graph, [40]).sample([0])
+        self.check_batch(graph, [0], [40], batch)
+
+    def test_unified_graph(self):
+        graph = random_graph()
+        seeds = [0, 5, 9]
+        want = NeighborSampler(graph, [3, 3], seed=4).sample(seeds)
+        got = NeighborSampler(graph.to("unified"), [3, 3], seed=4).sample(seeds)
+        self.assertEqual(got.n_id, want.n_id)
+        for a, b in zip(got.hops, want.hops):
+            self.assertEqual(a.edge_index, b.edge_index)
+            self.assertEqual(a.size, b.size)
+
+    def test_edge_ids(self):
+        graph = CSRGraph.from_edge_index(torch.tensor([[1, 2, 3, 0, 0], [0, 0, 0, 1, 2]]), 4,
+                                         keep_edge_ids=True)
+        batch = NeighborSampler(graph, [-1], return_edge_ids=True).sample([0])
+        src = batch.n_id[batch.hops[0].edge_index[0]]
+        self.assertEqual(batch.hops[0].e_id, src - 1)  # edge k is (k+1 -> 0)
+        no_ids = NeighborSampler(graph, [-1]).sample([0])
+        self.assertIsNone(no_ids.hops[0].e_id)
+
+    def test_blocks_drive_message_passing(self):
+        """With every neighbour kept, layers over the blocks give the full-graph result at the seeds."""
+        graph = random_graph(num_nodes=120, num_edges=700, seed=3)
+        x = torch.randn(graph.num_nodes, 4, dtype=torch.float64)
+        ei = graph.to_edge_index()
+
+        def mean_layer(x_src, x_dst, edge_index):
+            agg = torch.zeros(x_dst.size(0), x_src.size(1), dtype=x_src.dtype)
+            agg.index_add_(0, edge_index[1], x_src[edge_index[0]])
+            deg = torch.bincount(edge_index[1], minlength=x_dst.size(0)).clamp(min=1)
+            return x_dst + agg / deg[:, None]
+
+        full = x
+        for _ in range(2):
+            full = mean_layer(full, full, ei)
+        seeds = torch.tensor([3, 50, 7, 119])
+        batch = NeighborSampler(graph, [-1, -1]).sample(seeds)
+        h = x[batch.n_id]
+        for edge_index, _, size in batch.adjs:
+            self.assertEqual(h.size(0), size[0])
+            h = mean_layer(h, h[:size[1]], edge_index)
+        self.assertEqual(h, full[seeds])
+
+    def test_batch_to_and_repr(self):
+        batch = NeighborSampler(random_graph(), [2, 2]).sample([0, 1])
+        moved = batch.to("cpu")
+        self.assertEqual(moved.n_id, batch.n_id)
+        self.assertIn("batch_size=2", repr(batch))
+        self.assertEqual(len(batch.num_sampled_edges), 2)
+
+
+class TestDistribution(TestCase):
+    def test_uniform_below_is_uniform(self):
+        for bound in (7, 3 * 2**62 // 3 + 1):  # small, and one where modulo bias would be huge
+            draws = torch_direct._C._sampler_uniform_below(5, 0, bound, 70000)
+            self.assertTrue(bool((draws >= 0).all()) and bool((draws < bound).all()))
+            bins = (draws.double() / bound * 7).long().clamp(max=6) if bound > 7 else draws
+            counts = torch.bincount(bins, minlength=7).numpy()
+            self.assertLess(chi_square(counts, [len(draws) / 7] * 7), CHI2_999[6])
+
+    def test_every_subset_equally_likely(self):
+        # degree 7, fanout 3: 35 subsets. One batch per trial, all in one call.
+        trials = 35000
+        sampler = NeighborSampler(star_graph(7), [3], seed=11)
+        batches = sampler.sample_batches([torch.tensor([0])] * trials)
+        picks = np.stack([b.n_id[1:].numpy() - 1 for b in batches])
+        counts = subset_counts(picks, 7)
+        stat = chi_square(counts, [trials / 35] * 35)
+        self.assertLess(stat, CHI2_999[34], f"subset frequencies are not uniform: chi2={stat:.1f}")
+        inclusion = np.bincount(picks.ravel(), minlength=7)
+        self.assertLess(chi_square(inclusion, [trials * 3 / 7] * 7) / (1 - 3 / 7), CHI2_999[6])
+
+    def test_the_test_detects_modulo_bias(self):
+        """The same statistic, same trial count, on Floyd with `rand() % j`: rejected."""
+        trials = 35000
+        rng = np.random.default_rng(0)
+        fair = subset_counts(floyd_reference(7, 3, trials, unbiased_draw, rng), 7)
+        biased = subset_counts(floyd_reference(7, 3, trials, modulo_draw, rng), 7)
+        self.assertLess(chi_square(fair, [trials / 35] * 35), CHI2_999[34])
+        self.assertGreater(chi_square(biased, [trials / 35] * 35), 2 * CHI2_999[34])
+
+    def test_inclusion_uniform_for_large_fanout(self):
+        trials, degree, fanout = 4000, 100, 40
+        sampler = NeighborSampler(star_graph(degree), [fanout], seed=2)
+        batches = sampler.sample_batches([torch.tensor([0])] * trials)
+        picks = torch.cat([b.n_id[1:] for b in batches]) - 1
+        counts = torch.bincount(picks, minlength=degree).numpy()
+        p = fanout / degree
+        stat = float((((counts - trials * p) ** 2) / (trials * p * (1 - p))).sum())
+        self.assertLess(stat, CHI2_999[99])
+
+
+class TestDeterminism(TestCase):
+    def sample_all(self, graph, seed, threads):
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            sampler = NeighborSampler(graph, [5, 3], seed=seed)
+            return sampler.sample_batches([torch.arange(i, i + 20) for i in range(0, 200, 20)])
+        finally:
+            torch.set_num_threads(old)
+
+    def test_same_seed_same_batches_any_thread_count(self):
+        graph = random_graph()
+        a = self.sample_all(graph, 7, 1)
+        b = self.sample_all(graph, 7, 2)
+        c = self.sample_all(graph, 8, 2)
+        for x, y in zip(a, b):
+            self.assertEqual(x.n_id, y.n_id)
+            for hx, hy in zip(x.hops, y.hops):
+                self.assertEqual(hx.edge_index, hy.edge_index)
+        self.assertFalse(all(torch.equal(x.n_id, z.n_id) for x, z in zip(a, c)))
+
+    def test_reseed_restarts_the_sequence(self):
+        sampler = NeighborSampler(random_graph(), [5], seed=3)
+        first = [sampler.sample([0, 1, 2]).n_id for _ in range(3)]
+        self.assertFalse(torch.equal(first[0], first[1]) and torch.equal(first[1], first[2]))
+        sampler.reseed(3)
+        again = [sampler.sample([0, 1, 2]).n_id for _ in range(3)]
+        for x, y in zip(first, again):
+            self.assertEqual(x, y)
+
+    def test_loader_covers_every_seed_once(self):
+        graph = random_graph()
+        sampler = NeighborSampler(graph, [2, 2], seed=0)
+        ids = torch.arange(0, 300, 2)
+        batches = list(sampler.loader(ids, 16, generator=torch.Generator().manual_seed(0)))
+        self.assertEqual(len(batches), 10)
+        seeds = torch.cat([b.n_id[:b.batch_size] for b in batches])
+        self.assertEqual(seeds.sort().values, ids)
+        self.assertEqual(len(list(sampler.loader(ids, 16, shuffle=False, drop_last=True))), 9)
+
+
+class TestErrors(TestCase):
+    def test_bad_input(self):
+        graph = random_graph()
+        sampler = NeighborSampler(graph, [2])
+        with self.assertRaisesRegex(IndexError, "out of range"):
+            sampler.sample([0, graph.num_nodes])
+        with self.assertRaisesRegex(IndexError, "out of range"):
+            sampler.sample([-1])
+        with self.assertRaisesRegex(ValueError, "appears twice"):
+            sampler.sample([3, 4, 3])
+        with self.assertRaisesRegex(TypeError, "1-D int32/int64"):
+            sampler.sample(torch.tensor([0.5]))
+        with self.assertRaisesRegex(ValueError, "non-empty list"):
+            NeighborSampler(graph, [])
+        with self.assertRaisesRegex(ValueError, ">= 0, or -1"):
+            NeighborSampler(graph, [3, -2])
+        with self.assertRaisesRegex(TypeError, "hold ints"):
+            NeighborSampler(graph, [2.5])
+        with self.assertRaisesRegex(TypeError, "CSRGraph"):
+            NeighborSampler(graph.rowptr, [2])
+        with self.assertRaisesRegex(ValueError, "positive int"):
+            next(sampler.loader(torch.arange(4), 0))
+
+    def test_empty_batch(self):
+        batch = NeighborSampler(random_graph(), [2, 2]).sample(torch.empty(0, dtype=torch.long))
+        self.assertEqual(batch.n_id.numel(), 0)
+        self.assertEqual([h.size for h in batch.hops], [(0, 0), (0, 0)])
+
+
+if __name__ == "__main__":
+    run_tests()
