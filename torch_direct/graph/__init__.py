@@ -3,9 +3,15 @@
     >>> from torch_direct.graph import CSRGraph, NeighborSampler
     >>> g = CSRGraph.from_edge_index(edge_index, num_nodes, symmetrize=True, dedupe=True)
     >>> batch = NeighborSampler(g.to("unified"), [15, 10, 5]).sample(seeds)
+    >>> ds = load_dataset("products-like")   # or "ogbn-products" with root= OGB's directory
+
+``python -m torch_direct.graph --help`` generates or converts a data set from the shell.
 """
 
 from .csr import CSRGraph
+from .datasets import PRESETS, NodeDataset, default_root, generate, load_dataset
+from .ogb import load_ogb
 from .sampler import Block, NeighborSampler, SampledBatch
 
-__all__ = ["Block", "CSRGraph", "NeighborSampler", "SampledBatch"]
+__all__ = ["Block", "CSRGraph", "NeighborSampler", "NodeDataset", "PRESETS", "SampledBatch",
+           "default_root", "generate", "load_dataset", "load_ogb"]
