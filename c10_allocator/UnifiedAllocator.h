@@ -15,6 +15,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
+#include <c10/core/DispatchKey.h>
 #include <c10/core/Storage.h>
 #include <c10/core/Stream.h>
 
@@ -24,7 +25,16 @@
 
 namespace c10::unified {
 
+// The forked PyTorch (patches/) has a Unified device type and dispatch key of
+// its own and says so with C10_HAS_UNIFIED_DEVICE; on stock PyTorch the
+// extension takes PrivateUse1 and renames it "unified".
+#ifdef C10_HAS_UNIFIED_DEVICE
+constexpr c10::DeviceType kUnifiedDeviceType = c10::DeviceType::Unified;
+constexpr c10::DispatchKey kUnifiedDispatchKey = c10::DispatchKey::Unified;
+#else
 constexpr c10::DeviceType kUnifiedDeviceType = c10::DeviceType::PrivateUse1;
+constexpr c10::DispatchKey kUnifiedDispatchKey = c10::DispatchKey::PrivateUse1;
+#endif
 inline c10::Device unified_device() {
   return c10::Device(kUnifiedDeviceType, 0);
 }

@@ -28,11 +28,11 @@ void UnifiedGuardImpl::setDevice(c10::Device d) const { check_index(d); }
 
 void UnifiedGuardImpl::uncheckedSetDevice(c10::Device) const noexcept {}
 
-c10::Stream UnifiedGuardImpl::getStream(c10::Device) const {
+c10::Stream UnifiedGuardImpl::getStream(c10::Device) const noexcept {
   return c10::Stream(c10::Stream::DEFAULT, unified_device());
 }
 
-c10::Stream UnifiedGuardImpl::exchangeStream(c10::Stream) const {
+c10::Stream UnifiedGuardImpl::exchangeStream(c10::Stream) const noexcept {
   return c10::Stream(c10::Stream::DEFAULT, unified_device());
 }
 
@@ -62,6 +62,8 @@ bool UnifiedGuardImpl::queryEvent(void*) const { return true; }
 
 void UnifiedGuardImpl::destroyEvent(void*, const c10::DeviceIndex) const noexcept {}
 
-C10_REGISTER_GUARD_IMPL(PrivateUse1, UnifiedGuardImpl);
+namespace {
+c10::impl::DeviceGuardImplRegistrar g_unified_guard(kUnifiedDeviceType, new UnifiedGuardImpl());
+} // namespace
 
 } // namespace c10::unified

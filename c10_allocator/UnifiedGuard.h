@@ -15,8 +15,10 @@ struct UnifiedGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Device getDevice() const override;
   void setDevice(c10::Device d) const override;
   void uncheckedSetDevice(c10::Device d) const noexcept override;
-  c10::Stream getStream(c10::Device d) const override;
-  c10::Stream exchangeStream(c10::Stream s) const override;
+  // noexcept: PyTorch 2.6's interface (the fork's) requires it; newer ones
+  // dropped it, and a stricter override is valid for both.
+  c10::Stream getStream(c10::Device d) const noexcept override;
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override;
   c10::DeviceIndex deviceCount() const noexcept override;
   bool queryStream(const c10::Stream& stream) const override;
   void synchronizeStream(const c10::Stream& stream) const override;

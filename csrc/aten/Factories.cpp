@@ -27,7 +27,7 @@ at::Tensor empty_unified(c10::IntArrayRef size, std::optional<c10::ScalarType> d
                          std::optional<bool> pin_memory,
                          std::optional<c10::MemoryFormat> memory_format) {
   check_factory(device, layout, pin_memory);
-  const c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
+  const c10::DispatchKeySet ks(c10::unified::kUnifiedDispatchKey);
   return at::detail::empty_generic(size, c10::unified::get_allocator(), ks,
                                    c10::dtype_or_default(dtype), memory_format);
 }
@@ -38,7 +38,7 @@ at::Tensor empty_strided_unified(c10::IntArrayRef size, c10::IntArrayRef stride,
                                  std::optional<c10::Device> device,
                                  std::optional<bool> pin_memory) {
   check_factory(device, layout, pin_memory);
-  const c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
+  const c10::DispatchKeySet ks(c10::unified::kUnifiedDispatchKey);
   return at::detail::empty_strided_generic(size, stride, c10::unified::get_allocator(), ks,
                                            c10::dtype_or_default(dtype));
 }

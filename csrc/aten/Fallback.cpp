@@ -6,6 +6,7 @@
 #include "UnifiedKernels.h"
 
 #include "../../c10_allocator/Text.h"
+#include "../../c10_allocator/UnifiedAllocator.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -106,7 +107,7 @@ c10::IValue substitute(const c10::IValue& v, c10::Device target, bool resizable,
     }
     return l;
   }
-  if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+  if (v.isDevice() && v.toDevice().type() == c10::unified::kUnifiedDeviceType) {
     return target;
   }
   return v;
@@ -173,7 +174,7 @@ void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   for (const auto i : c10::irange(num_args)) {
     const auto& v = (*stack)[args_begin + i];
     collect(v, operands);
-    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+    if (v.isDevice() && v.toDevice().type() == c10::unified::kUnifiedDeviceType) {
       unified_device_arg = true;
     }
   }
@@ -242,7 +243,7 @@ void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     if (unified_device_arg) {
       // A factory asked for the unified device: place its result there.
       if (out.isTensor() && out.toTensor().defined()) {
-        out = out.toTensor().to(c10::Device(c10::DeviceType::PrivateUse1, 0));
+        out = out.toTensor().to(c10::unified::unified_device());
       }
     }
   }
