@@ -1,4 +1,5 @@
-"""The fork's tooling that needs no PyTorch tree: the native_functions merge."""
+"""The fork's tooling that needs no PyTorch tree: the native_functions merge, the
+patch series' form, the Dockerfile check, the upstream test list."""
 
 import subprocess
 import sys
@@ -11,6 +12,17 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "build_scripts"))
 import merge_native_functions as merge  # noqa: E402
+
+import importlib.machinery  # noqa: E402
+import importlib.util  # noqa: E402
+
+
+def load_script(name):
+    loader = importlib.machinery.SourceFileLoader(name, str(ROOT / "build_scripts" / name))
+    spec = importlib.util.spec_from_loader(name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 ATEN = """\
 # comment kept
@@ -84,6 +96,58 @@ class TestMerge(TestCase):
     def test_project_additions_have_unified_kernels(self):
         additions = yaml.safe_load(merge.DEFAULT_ADDITIONS.read_text())
         self.assertTrue(all("Unified" in merge.dispatch_keys(a["dispatch"]) for a in additions))
+
+
+class TestSeries(TestCase):
+    def test_series_lists_every_patch_in_order_with_a_header(self):
+        listed = [l for l in (ROOT / "patches/series").read_text().splitlines()
+                  if l and not l.startswith("#")]
+        on_disk = sorted(p.name for p in (ROOT / "patches").glob("[0-9][0-9][0-9][0-9]-*.patch"))
+        self.assertEqual(listed, on_disk)
+        self.assertEqual([int(n[:4]) for n in listed], list(range(1, len(listed) + 1)))
+        for name in listed:
+            text = (ROOT / "patches" / name).read_text()
+            self.assertTrue(text.startswith("From 0000000000000000000000000000000000000000"), name)
+            header = text.split("\n---\n")[0]
+            self.assertRegex(header, r"\nUpstream: ", f"{name} does not say whether it is meant for upstream")
+            self.assertIn("diff --git", text)
+
+    def test_series_adds_the_unified_backend_and_torchgen_entry(self):
+        text = "".join(p.read_text() for p in (ROOT / "patches").glob("*.patch"))
+        for needle in ("+  _(Unified, extra)", "DispatchKey.Unified", "TorchDirect.cmake",
+                       "THPVariable_is_unified", "set_unified_operand_hook"):
+            self.assertIn(needle, text)
+
+
+class TestDocker(TestCase):
+    def test_dockerfile_copies_only_what_exists(self):
+        check = load_script("check_docker")
+        self.assertEqual(check.check(ROOT / "docker/Dockerfile"), [])
+        with tempfile.TemporaryDirectory() as d:
+            bad = Path(d) / "Dockerfile"
+            bad.write_text("FROM x AS builder\nCOPY no_such_dir/ /a/\nCOPY --from=builder /x /y\n"
+                           "RUN build_scripts/build_wheel\n")
+            problems = check.check(bad)
+            self.assertTrue(any("no_such_dir/ does not exist" in p for p in problems), problems)
+            self.assertTrue(any("no stage named experiments" in p for p in problems), problems)
+            self.assertFalse(any("/x" in p for p in problems), problems)
+
+    def test_continuation_lines_are_joined(self):
+        check = load_script("check_docker")
+        got = check.instructions("# c\nRUN a \\\n    b\nCOPY x y\n")
+        self.assertEqual(got, [(2, "RUN", "a b"), (4, "COPY", "x y")])
+
+
+class TestUpstreamTestList(TestCase):
+    def test_every_skip_names_a_listed_file_and_a_reason(self):
+        lines = [l.strip() for l in (ROOT / "build_scripts/upstream_tests.txt").read_text().splitlines()]
+        files = {l for l in lines if l and not l.startswith(("#", "-"))}
+        skips = [l for l in lines if l.startswith("- ")]
+        self.assertTrue(files and skips)
+        for s in skips:
+            target, _, reason = s[2:].partition("#")
+            self.assertIn(target.split("::")[0].strip(), files, s)
+            self.assertTrue(reason.strip(), f"skip without a reason: {s}")
 
 
 if __name__ == "__main__":
