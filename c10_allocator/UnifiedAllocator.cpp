@@ -352,7 +352,13 @@ void UnifiedAllocator::raw_delete(void* ctx) {
     }
     std::vector<void*> events;
     for (const auto& st : b->streams) {
-      events.push_back(cuda::record_event(st));
+      // A deleter must not throw. If the event cannot be recorded the CUDA
+      // context is unusable (a sticky error): no kernel can read the block
+      // any more, so it is released without waiting.
+      try {
+        events.push_back(cuda::record_event(st));
+      } catch (const std::exception&) {
+      }
     }
     if (events.empty()) {
       release_locked(s, b, to_destroy);

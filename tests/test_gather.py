@@ -75,6 +75,35 @@ class GatherChecks:
         self.assertEqual(torch_direct.gather(u, self.idx([9])).cpu(), src[[9]])
 
 
+class TestGatherOpsCPU(TestCase):
+    """The gather-family ops on a unified table with a CPU index (rule R2)."""
+
+    def test_ops_match_stock(self):
+        src = torch.randn(60, 9)
+        u = src.to("unified")
+        i = torch.tensor([4, 59, 0, 4, -1])
+        self.assertEqual(u[i], src[i])
+        self.assertEqual(u[i].device.type, "cpu")
+        with self.assertRaisesRegex(IndexError, "-1"):  # as stock index_select
+            torch.index_select(u, 0, i)
+        i = i.abs()
+        self.assertEqual(torch.index_select(u, 0, i), src.index_select(0, i))
+        out = torch.empty(0)
+        torch.index_select(u, 0, i[:3], out=out)
+        self.assertEqual(out, src[i[:3]])
+        self.assertEqual(torch.nn.functional.embedding(i[:4], u), src[i[:4]])
+        g = torch.tensor([[1, 2], [0, 59]])
+        self.assertEqual(u[g], src[g])
+        # Forms the row kernels do not take go through the fallback.
+        self.assertEqual(torch.index_select(u, 1, torch.tensor([8, 0])), src[:, [8, 0]])
+        mask = src[:, 0] > 0
+        self.assertEqual(u[mask], src[mask])
+        gi = torch.randint(0, 60, (5, 9))
+        self.assertEqual(torch.gather(u, 0, gi), torch.gather(src, 0, gi))
+        with self.assertRaisesRegex(IndexError, "60"):
+            u[torch.tensor([60])]
+
+
 class TestGatherCPU(GatherChecks, TestCase):
     device = "cpu"
 
@@ -82,6 +111,163 @@ class TestGatherCPU(GatherChecks, TestCase):
 @requires_gpu
 class TestGatherCUDA(GatherChecks, TestCase):
     device = "cuda"
+
+
+@requires_gpu
+class TestGatherKernelCUDA(TestCase):
+    """The locality-ordered CUDA kernel against a CPU reference, case by case."""
+
+    def check(self, src, idx, **kw):
+        u = src.to("unified")
+        want = src[idx.long()].to(kw.get("dtype") or src.dtype)
+        got = torch_direct.gather(u, idx.cuda(), **kw)
+        self.assertEqual(got.device.type, "cuda")
+        self.assertEqual(got.cpu(), want, atol=0, rtol=0)
+
+    def test_dtypes_widths_orders(self):
+        g = torch.Generator().manual_seed(0)
+        dtypes = (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                  torch.int16, torch.uint8)
+        for dtype in dtypes:
+            es = torch.tensor([], dtype=dtype).element_size()
+            for row_bytes in (es, 6 if es <= 2 else 2 * es, 24, 64, 200, 400, 512, 2048 + es):
+                width = max(1, row_bytes // es)
+                src = (torch.randn(3000, width, generator=g) * 50).to(dtype)
+                for n in (7, 5000):  # below and above the sort threshold
+                    idx = torch.randint(-3000, 3000, (n,), generator=g)
+                    for order in ("auto", "sort", "as_is"):
+                        with self.subTest(dtype=dtype, row_bytes=row_bytes, n=n, order=order):
+                            self.check(src, idx, order=order)
+
+    def test_sorted_duplicates_and_index_kinds(self):
+        src = torch.randn(1000, 50)
+        idx = torch.randint(0, 40, (20000,))  # heavy repeats
+        self.check(src, idx)
+        self.check(src, idx.sort().values)
+        self.check(src, idx.int())
+        self.check(src, torch.full((9000,), 999))
+        nc = torch.randint(0, 1000, (12000,))[::3]
+        u = src.to("unified")
+        self.assertEqual(torch_direct.gather(u, nc.cuda()).cpu(), src[nc])
+
+    def test_unaligned_and_strided_tables(self):
+        base = torch.randn(4001, 130)
+        u_base = base.to("unified")
+        idx = torch.randint(0, 4000, (6000,))
+        # Rows start one element into the storage and are 100 of 130 columns wide.
+        src = base[1:, 3:103]
+        table = u_base[1:, 3:103]
+        self.assertTrue(table.is_unified)
+        self.assertEqual(torch_direct.gather(table, idx.cuda()).cpu(), src[idx])
+        h = base.half()
+        uh = h.to("unified")
+        self.assertEqual(torch_direct.gather(uh[:, 1:], idx.cuda(), dtype=torch.float32).cpu(),
+                         h[:, 1:][idx].float())
+
+    def test_fused_casts(self):
+        src = torch.randn(2000, 100)
+        idx = torch.randint(0, 2000, (5000,))
+        for t_in in (torch.float32, torch.float16, torch.bfloat16):
+            for t_out in (torch.float32, torch.float16, torch.bfloat16):
+                with self.subTest(t_in=t_in, t_out=t_out):
+                    self.check(src.to(t_in), idx, dtype=t_out)
+        self.check((src * 10).to(torch.int32), idx, dtype=torch.float32)  # not fused: cast after
+
+    def test_one_dimensional_and_empty(self):
+        src = torch.arange(100000, dtype=torch.float32)
+        self.check(src, torch.randint(0, 100000, (50000,)))
+        u = src.to("unified")
+        self.assertEqual(torch_direct.gather(u, torch.tensor([], dtype=torch.long, device="cuda"))
+                         .shape, (0,))
+        empty_table = torch.empty(0, 4).to("unified")
+        self.assertEqual(torch_direct.gather(empty_table, torch.empty(0, dtype=torch.long,
+                                                                      device="cuda")).shape, (0, 4))
+        with self.assertRaisesRegex(IndexError, "0"):
+            torch_direct.gather(empty_table, torch.tensor([0], device="cuda"))
+
+    def test_sm_cap_and_side_stream(self):
+        src = torch.randn(5000, 64)
+        u = src.to("unified")
+        idx = torch.randint(0, 5000, (40000,), device="cuda")
+        ref = src[idx.cpu()]
+        self.assertEqual(torch_direct.gather(u, idx, max_sms=1).cpu(), ref)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            y = torch_direct.gather(u, idx)
+        s.synchronize()
+        self.assertEqual(y.cpu(), ref)
+        with self.assertRaisesRegex(ValueError, "max_sms"):
+            torch_direct.gather(u, idx, max_sms=0)
+        with self.assertRaisesRegex(ValueError, "order"):
+            torch_direct.gather(u, idx, order="random")
+
+    def test_bad_index_leaves_context_working(self):
+        src = torch.randn(10000, 32)
+        u = src.to("unified")
+        for bad in (10000, -10001, 2**40):
+            idx = torch.randint(0, 10000, (8000,))
+            idx[1234] = bad
+            with self.assertRaisesRegex(IndexError, f"{bad}.*10000"):
+                torch_direct.gather(u, idx.cuda())
+            with self.assertRaisesRegex(IndexError, str(bad)):
+                u[idx.cuda()]
+        torch.cuda.synchronize()  # no sticky error
+        idx = torch.randint(0, 10000, (8000,))
+        self.assertEqual(torch_direct.gather(u, idx.cuda()).cpu(), src[idx])
+        self.assertEqual(u.cpu(), src)
+
+    def test_hybrid(self):
+        src = torch.randn(20000, 100).half()
+        u = src.to("unified")
+        idx = torch.randint(-20000, 20000, (30000,))
+        ref = src[idx]
+        for frac in (0.0, 0.3, 1.0):
+            with self.subTest(cpu_fraction=frac):
+                y = torch_direct.gather(u, idx.cuda(), cpu_threads=2, cpu_fraction=frac)
+                self.assertEqual(y.cpu(), ref)
+        for _ in range(3):  # split from measured rates, fused cast
+            y = torch_direct.gather(u, idx.cuda(), cpu_threads=2, dtype=torch.float32)
+            self.assertEqual(y.cpu(), ref.float())
+        f = torch_direct.hybrid_cpu_fraction(200)
+        self.assertTrue(0.0 < f < 1.0, f)
+        out = torch.empty(30000, 100, dtype=torch.float16, device="cuda")
+        self.assertIs(torch_direct.gather(u, idx.cuda(), out=out, cpu_threads=1), out)
+        self.assertEqual(out.cpu(), ref)
+        bad = idx.clone()
+        bad[0] = 20000  # in the CPU part
+        with self.assertRaisesRegex(IndexError, "20000"):
+            torch_direct.gather(u, bad.cuda(), cpu_threads=2, cpu_fraction=0.5)
+        with self.assertRaisesRegex(ValueError, "cpu_fraction"):
+            torch_direct.gather(u, idx.cuda(), cpu_threads=2, cpu_fraction=1.5)
+        with self.assertRaisesRegex(ValueError, "cpu_threads"):
+            torch_direct.gather(u, idx.cuda(), cpu_threads=-1)
+
+    def test_ops_use_the_kernel_on_cuda(self):
+        src = torch.randn(3000, 40)
+        u = src.to("unified")
+        i = torch.randint(-3000, 3000, (6000,))
+        ic = i.cuda()
+        self.assertEqual(u[ic].cpu(), src[i])
+        self.assertEqual(u[ic].device, ic.device)
+        with self.assertRaisesRegex(IndexError, "-"):  # as stock index_select
+            torch.index_select(u, 0, ic)
+        pos = i.abs()
+        self.assertEqual(torch.index_select(u, 0, pos.cuda()).cpu(), src.index_select(0, pos))
+        out = torch.empty(0, device="cuda")
+        torch.index_select(u, 0, pos.cuda(), out=out)
+        self.assertEqual(out.cpu(), src[pos])
+        self.assertEqual(torch.nn.functional.embedding(pos.cuda().view(60, 100), u).cpu(),
+                         torch.nn.functional.embedding(pos.view(60, 100), src))
+        gi = torch.randint(0, 3000, (100, 40))
+        self.assertEqual(torch.gather(u, 0, gi.cuda()).cpu(), torch.gather(src, 0, gi))
+        with self.assertRaisesRegex(IndexError, "3000"):
+            torch.gather(u, 0, torch.full((2, 40), 3000, device="cuda"))
+        with self.assertRaisesRegex(IndexError, "-1"):
+            torch.gather(u, 0, torch.full((2, 40), -1, device="cuda"))
+        # The kernel reads a CUDA table too (the gpu_resident reference).
+        d = src.cuda()
+        self.assertEqual(torch_direct.gather(d, ic).cpu(), src[i])
 
 
 if __name__ == "__main__":

@@ -168,6 +168,10 @@ class TestAllocatorGPU(TestCase):
         src = torch.randn(1 << 12)
         u = src.to("unified")
         ptr = u.data_ptr()
+        # Map the pages for the GPU first: registering host memory with the
+        # driver may wait for the device, which would end the sleep below.
+        self.assertEqual((u + 0).cpu(), src)
+        torch.cuda.synchronize()
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):
             torch.cuda._sleep(2_000_000_000)  # keep the stream busy for about a second

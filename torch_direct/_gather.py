@@ -9,8 +9,21 @@ from . import _C
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
+_ORDERS = {"auto": 0, "sort": 1, "as_is": 2}
+_CASTABLE = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def hybrid_cpu_fraction(row_bytes: int, device: int | None = None) -> float:
+    """The CPU share a hybrid gather of rows of ``row_bytes`` would use now."""
+    if device is None:
+        device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    return _C._hybrid_cpu_fraction(device, row_bytes)
+
+
 def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | None = None,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, order: str = "auto",
+           max_sms: int | None = None, cpu_threads: int = 0,
+           cpu_fraction: float | None = None) -> torch.Tensor:
     """Return ``table[index]`` cast to ``dtype``, on ``index``'s device.
 
     ``table`` is typically a unified tensor (host memory read in place);
@@ -23,7 +36,23 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
 
     A CPU index gathers with CPU threads, the cast fused into each row's copy
     (placement rule R2). A CUDA index reads the rows in place from the GPU
-    (rule R1).
+    (rule R1) with a kernel that reads rows in address order: ``order="auto"``
+    sorts an unsorted index of 4096 or more entries first (on large tables
+    the GPU reads host memory far faster in address order), ``"sort"`` always
+    sorts an unsorted index, ``"as_is"`` reads in the order given. Repeated
+    rows are read once when adjacent in the order read. The cast is fused for
+    float32/float16/bfloat16 pairs. ``max_sms`` caps the streaming
+    multiprocessors the kernel runs on (leave room for a training step
+    beside it). The kernel runs on the current CUDA stream; the index check
+    waits for the work queued before it on that stream.
+
+    ``cpu_threads > 0`` (CUDA index, unified table) makes the gather hybrid:
+    that many CPU threads gather the first part of the index into pinned
+    memory, copied to the GPU on a side stream, while the GPU kernel reads
+    the rest in place, so both paths move rows at once. The split comes from
+    the rates measured in earlier hybrid calls for the same row size, or is
+    ``cpu_fraction`` when given. A hybrid call returns when its rows are on
+    the GPU. ``cpu_threads=0`` (the default) is purely GPU-centric.
     """
     if not isinstance(table, torch.Tensor) or not isinstance(index, torch.Tensor):
         raise TypeError("gather(table, index): both must be tensors, got "
@@ -52,10 +81,31 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
             problems.append("non-contiguous layout")
         if problems:
             raise ValueError("gather: out has " + ", ".join(problems))
+    if order not in _ORDERS:
+        raise ValueError(f"gather: order must be one of {sorted(_ORDERS)}, got {order!r}")
+    if max_sms is not None and (not isinstance(max_sms, int) or max_sms <= 0):
+        raise ValueError(f"gather: max_sms must be a positive int, got {max_sms!r}")
+    if not isinstance(cpu_threads, int) or cpu_threads < 0:
+        raise ValueError(f"gather: cpu_threads must be an int >= 0, got {cpu_threads!r}")
+    if cpu_fraction is not None and not 0.0 <= float(cpu_fraction) <= 1.0:
+        raise ValueError(f"gather: cpu_fraction must be within [0, 1], got {cpu_fraction!r}")
     flat = index.reshape(-1)
     rows_contiguous = table.shape[0] == 0 or table[0].is_contiguous()
     if index.device.type == "cpu" and table.device.type == "unified" and rows_contiguous:
         _C._gather_rows_cpu(table, flat, out.view(-1, *table.shape[1:]))
+        return out
+    if (index.device.type == "cuda" and rows_contiguous and _C._built_with_cuda()
+            and (table.device.type == "unified" or table.device == index.device)):
+        fused = dtype == table.dtype or (dtype in _CASTABLE and table.dtype in _CASTABLE)
+        target = out if fused else torch.empty(shape, dtype=table.dtype, device=index.device)
+        if cpu_threads > 0 and table.device.type == "unified":
+            frac = -1.0 if cpu_fraction is None else float(cpu_fraction)
+            _C._gather_rows_hybrid(table, flat, target, cpu_threads, frac, _ORDERS[order],
+                                   max_sms or 0)
+        else:
+            _C._gather_rows_cuda(table, flat, target, _ORDERS[order], max_sms or 0)
+        if target is not out:
+            out.copy_(target)
         return out
     rows = torch.index_select(table, 0, flat)
     out.copy_(rows.view(shape))

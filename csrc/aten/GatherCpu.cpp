@@ -14,22 +14,31 @@ namespace at::native::unified {
 namespace {
 
 template <typename index_t>
-void check_indices(const index_t* idx, int64_t n, int64_t rows) {
+void check_indices(const index_t* idx, int64_t n, int64_t rows, bool allow_negative) {
   index_t lo = 0;
   index_t hi = 0;
   for (int64_t i = 0; i < n; ++i) {
     lo = std::min(lo, idx[i]);
     hi = std::max(hi, idx[i]);
   }
-  check_index_bounds(static_cast<int64_t>(lo), static_cast<int64_t>(hi), rows, "gather");
+  if (allow_negative) {
+    check_index_bounds(static_cast<int64_t>(lo), static_cast<int64_t>(hi), rows, "gather");
+  } else {
+    check_index_bounds_nonnegative(static_cast<int64_t>(lo), static_cast<int64_t>(hi), rows,
+                                   "gather");
+  }
 }
 
 template <typename index_t>
-void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Tensor& out) {
+void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Tensor& out,
+                 int64_t max_threads) {
   const int64_t rows = table.size(0);
   const int64_t width = table.numel() / std::max<int64_t>(rows, 1);
   const int64_t in_stride = table.stride(0);
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
+  int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
+  if (max_threads > 0) {  // at most max_threads chunks, so at most that many threads
+    grain = std::max(grain, (n + max_threads - 1) / max_threads);
+  }
   if (out.scalar_type() == table.scalar_type()) {
     const size_t row_bytes = static_cast<size_t>(width) * table.element_size();
     const char* base = static_cast<const char*>(table.const_data_ptr());
@@ -67,7 +76,8 @@ void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Ten
 // out[i, ...] = table[index[i], ...] for a unified `table` whose rows are
 // contiguous, a 1-D CPU integer `index` and a contiguous CPU `out` of shape
 // (len(index), *table.shape[1:]) in any dtype.
-at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at::Tensor& out) {
+at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
+                            int64_t max_threads, bool wait_for_gpu, bool allow_negative) {
   TORCH_CHECK(is_unified(table), "gather_rows_cpu: expected a unified table");
   TORCH_CHECK(index.is_cpu() && index.dim() == 1 &&
                   (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt),
@@ -76,14 +86,19 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
   TORCH_CHECK(table.dim() >= 1, "gather_rows_cpu: the table needs at least one dimension");
   TORCH_CHECK(table.size(0) == 0 || table.select(0, 0).is_contiguous(),
               "gather_rows_cpu: each row of the table must be contiguous");
-  const at::Tensor host = alias_as(table, c10::Device(c10::kCPU));
+  // The hybrid gather reads on the CPU while its own GPU kernel reads the same
+  // table (it waited for earlier GPU users itself): a plain host view then.
+  const at::Tensor host =
+      wait_for_gpu ? alias_as(table, c10::Device(c10::kCPU))
+                   : at::from_blob(const_cast<void*>(table.const_data_ptr()), table.sizes(),
+                                   table.strides(), table.options().device(c10::kCPU));
   const at::Tensor idx = index.contiguous();
   const int64_t rows = table.size(0);
   TORCH_CHECK(out.numel() == idx.numel() * (table.numel() / std::max<int64_t>(rows, 1)),
               "gather_rows_cpu: out has the wrong number of elements");
   AT_DISPATCH_INDEX_TYPES(idx.scalar_type(), "gather_rows_cpu", [&] {
-    check_indices<index_t>(idx.const_data_ptr<index_t>(), idx.numel(), rows);
-    gather_rows<index_t>(host, idx.const_data_ptr<index_t>(), idx.numel(), out);
+    check_indices<index_t>(idx.const_data_ptr<index_t>(), idx.numel(), rows, allow_negative);
+    gather_rows<index_t>(host, idx.const_data_ptr<index_t>(), idx.numel(), out, max_threads);
   });
   return out;
 }

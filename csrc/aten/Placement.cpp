@@ -71,6 +71,13 @@ void check_index_bounds(int64_t lo, int64_t hi, int64_t size, const char* op) {
                     " (valid: ", num(-size), " to ", num(size - 1), ")");
 }
 
+void check_index_bounds_nonnegative(int64_t lo, int64_t hi, int64_t size, const char* op) {
+  using c10::unified::num;
+  TORCH_CHECK_INDEX(lo >= 0 && hi < size, op, ": index ", num(lo < 0 ? lo : hi),
+                    " is out of bounds for a unified table of size ", num(size), " (valid: 0 to ",
+                    num(size - 1), ")");
+}
+
 void synchronize_for_host(const at::Tensor& u) {
   if (u.storage().data_ptr().get() != nullptr) {
     alloc::get_allocator()->synchronize_users(u.storage().data_ptr());

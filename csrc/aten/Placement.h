@@ -45,6 +45,8 @@ void check_no_grad(const at::Tensor& u, const char* what);
 // index asked for) is valid for `size` rows; negative indices count from the
 // end. `op` names the caller in the message.
 void check_index_bounds(int64_t lo, int64_t hi, int64_t size, const char* op);
+// The same for ops that take no negative indices (index_select, embedding, gather).
+void check_index_bounds_nonnegative(int64_t lo, int64_t hi, int64_t size, const char* op);
 
 // Waits for GPU work that may touch u's pages (before a host access).
 void synchronize_for_host(const at::Tensor& u);

@@ -165,6 +165,37 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_gather_rows_cpu", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out) {
     return at::native::unified::gather_rows_cpu(table, index, out);
   });
+  m.def("_gather_rows_cuda", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out,
+                                int64_t order, int64_t max_sms) {
+#ifdef TORCH_DIRECT_WITH_CUDA
+    TORCH_CHECK(order >= 0 && order <= 2, "gather: bad order code");
+    return at::native::unified::gather_rows_cuda(
+        table, index, out, static_cast<at::native::unified::GatherOrder>(order), max_sms, "gather");
+#else
+    TORCH_CHECK(false, "torch_direct was built without CUDA");
+    return out;
+#endif
+  });
+  m.def("_gather_rows_hybrid", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out,
+                                  int64_t cpu_threads, double cpu_fraction, int64_t order,
+                                  int64_t max_sms) {
+#ifdef TORCH_DIRECT_WITH_CUDA
+    TORCH_CHECK(order >= 0 && order <= 2, "gather: bad order code");
+    return at::native::unified::gather_rows_hybrid(
+        table, index, out, cpu_threads, cpu_fraction,
+        static_cast<at::native::unified::GatherOrder>(order), max_sms, "gather");
+#else
+    TORCH_CHECK(false, "torch_direct was built without CUDA");
+    return 0.0;
+#endif
+  });
+  m.def("_hybrid_cpu_fraction", [](int64_t device, int64_t row_bytes) {
+#ifdef TORCH_DIRECT_WITH_CUDA
+    return at::native::unified::hybrid_cpu_fraction(static_cast<c10::DeviceIndex>(device), row_bytes);
+#else
+    return 0.0;
+#endif
+  });
   torch_direct::sampler::bind(m);
   m.def("_cuda_available", [] { return alloc::cuda::available(); });
   m.def("_register_chunk_bytes", [] { return alloc::register_chunk_bytes(); });

@@ -1,0 +1,565 @@
+// Row gather from a host-resident (unified) or device table into a CUDA tensor
+// (rule R1): the kernel behind torch_direct.gather, index_select, index and
+// embedding on unified tables.
+//
+// Why it is shaped this way (docs/gather.md has the measurements): on tables
+// of many GB, GPU reads of mapped host memory are limited by how fast their
+// addresses are translated, not by PCIe bandwidth, and reads in address order
+// translate far faster than random ones. So:
+//   1. one pass over the index computes min, max and "already sorted", and the
+//      host raises IndexError on a bad value before any row is read;
+//   2. unless the caller says otherwise or the index is already sorted, the
+//      (row, position) pairs are radix-sorted on the row (only the bits a row
+//      number can have);
+//   3. the gather reads rows in that order, each distinct row once (equal rows
+//      are adjacent after sorting), and writes it to every position asking for
+//      it; loads are the widest aligned vector the row allows; a dtype cast
+//      between floating types is fused into the store;
+//   4. it runs on the current stream, optionally on fewer SMs than the GPU has.
+// The kernel re-checks each row number and never reads outside the table.
+
+#include "Placement.h"
+#include "UnifiedKernels.h"
+
+#include "c10_allocator/Text.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <type_traits>
+
+namespace at::native::unified {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;  // items in flight per thread: PCIe reads are slow, keep many pending
+
+template <int N>
+struct alignas(N) Bytes {
+  unsigned char b[N];
+};
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+template <typename key_t>
+__device__ __forceinline__ int64_t to_row(key_t k, int64_t rows) {
+  if constexpr (std::is_signed_v<key_t>) {
+    return k < 0 ? static_cast<int64_t>(k) + rows : static_cast<int64_t>(k);
+  } else {
+    return static_cast<int64_t>(k);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 1. min / max / sortedness of the index, one pass.
+
+template <typename index_t>
+__global__ void index_stats_kernel(const index_t* __restrict__ idx, int64_t n, int64_t rows,
+                                   long long* __restrict__ stats) {
+  long long lo = std::numeric_limits<long long>::max();
+  long long hi = std::numeric_limits<long long>::min();
+  int unsorted = 0;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const long long v = static_cast<long long>(idx[i]);
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+    if (i > 0) {
+      const long long p = static_cast<long long>(idx[i - 1]);
+      const long long a = p < 0 ? p + rows : p;
+      const long long b = v < 0 ? v + rows : v;
+      unsorted |= a > b;
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const long long olo = __shfl_xor_sync(0xffffffffu, lo, off);
+    const long long ohi = __shfl_xor_sync(0xffffffffu, hi, off);
+    lo = olo < lo ? olo : lo;
+    hi = ohi > hi ? ohi : hi;
+    unsorted |= __shfl_xor_sync(0xffffffffu, unsorted, off);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicMin(&stats[0], lo);
+    atomicMax(&stats[1], hi);
+    if (unsorted) {
+      atomicOr(reinterpret_cast<unsigned long long*>(&stats[2]), 1ull);
+    }
+  }
+}
+
+__global__ void stats_init_kernel(long long* stats) {
+  stats[0] = std::numeric_limits<long long>::max();
+  stats[1] = std::numeric_limits<long long>::min();
+  stats[2] = 0;
+}
+
+// ---------------------------------------------------------------------------
+// 2. (row, position) pairs for sorting.
+
+template <typename index_t, typename key_t>
+__global__ void make_pairs_kernel(const index_t* __restrict__ idx, int64_t n, int64_t rows,
+                                  key_t* __restrict__ keys, int32_t* __restrict__ pos) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    keys[i] = static_cast<key_t>(to_row(idx[i], rows));
+    pos[i] = static_cast<int32_t>(i);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 3. The gather. Work item = (entry j, chunk c of its row); consecutive threads
+// take consecutive chunks, so a row is read by adjacent lanes in one go. Entry
+// j reads row to_row(keys[j]) and writes output row pos[j] (j itself when pos
+// is null). With `dedupe`, an entry whose key equals the previous one is
+// skipped, and the first of a run of equal keys writes every position of the
+// run.
+
+template <typename in_t, typename out_t, int V>
+__device__ __forceinline__ Vec<out_t, V> convert(const Vec<in_t, V>& x) {
+  if constexpr (std::is_same_v<in_t, out_t>) {
+    return x;
+  } else {
+    Vec<out_t, V> y;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      y.v[k] = static_cast<out_t>(static_cast<float>(x.v[k]));
+    }
+    return y;
+  }
+}
+
+template <typename in_t, typename out_t, int V, typename key_t>
+__global__ void __launch_bounds__(kThreads)
+gather_kernel(const char* __restrict__ table, int64_t row_stride_bytes, int64_t rows,
+              const key_t* __restrict__ keys, const int32_t* __restrict__ pos, int64_t n,
+              int64_t chunks, char* __restrict__ out, int64_t out_row_bytes, bool dedupe) {
+  using InV = Vec<in_t, V>;
+  using OutV = Vec<out_t, V>;
+  const int64_t total = n * chunks;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads * kUnroll;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+       base < total; base += step) {
+    InV val[kUnroll];
+    int64_t entry[kUnroll];
+    int64_t chunk[kUnroll];
+    bool live[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t item = base + static_cast<int64_t>(u) * kThreads;
+      live[u] = false;
+      if (item < total) {
+        const int64_t j = item / chunks;
+        entry[u] = j;
+        chunk[u] = item - j * chunks;
+        const key_t k = keys[j];
+        if (!(dedupe && j > 0 && keys[j - 1] == k)) {
+          live[u] = true;
+          const int64_t r = to_row(k, rows);
+          if (r >= 0 && r < rows) {
+            val[u] = reinterpret_cast<const InV*>(table + r * row_stride_bytes)[chunk[u]];
+          } else {  // unreachable after the host check; never read outside the table
+            val[u] = InV{};
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (!live[u]) {
+        continue;
+      }
+      const OutV o = convert<in_t, out_t, V>(val[u]);
+      const key_t k = keys[entry[u]];
+      for (int64_t j = entry[u];;) {
+        const int64_t p = pos == nullptr ? j : static_cast<int64_t>(pos[j]);
+        reinterpret_cast<OutV*>(out + p * out_row_bytes)[chunk[u]] = o;
+        if (!dedupe || ++j >= n || keys[j] != k) {
+          break;
+        }
+      }
+    }
+  }
+}
+
+int sm_count(c10::DeviceIndex device) {
+  // (ATen/cuda/CUDAContext.h would pull in cuBLAS/cuSPARSE headers: ask the runtime.)
+  int count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+int64_t grid_for(int64_t items, int64_t per_block, int max_sms, c10::DeviceIndex device) {
+  const int sms = sm_count(device);
+  const int use = max_sms > 0 && max_sms < sms ? max_sms : sms;
+  const int64_t want = (items + per_block - 1) / per_block;
+  // 2048 resident threads per SM on sm_80/sm_90: 8 blocks of 256.
+  return std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(use) * 8));
+}
+
+bool aligned(const void* p, int64_t a) {
+  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(a) == 0;
+}
+
+// The widest of 16/8/4/2/1 bytes dividing the row, the row stride and both
+// base addresses.
+int copy_unit(int64_t row_bytes, int64_t stride_bytes, const void* in, const void* out) {
+  for (int u : {16, 8, 4, 2}) {
+    if (row_bytes % u == 0 && stride_bytes % u == 0 && aligned(in, u) && aligned(out, u)) {
+      return u;
+    }
+  }
+  return 1;
+}
+
+template <typename key_t>
+void launch_copy(int unit, const char* table, int64_t stride_bytes, int64_t rows,
+                 const key_t* keys, const int32_t* pos, int64_t n, int64_t row_bytes, char* out,
+                 bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
+  const int64_t chunks = row_bytes / unit;
+  const int64_t grid = grid_for(n * chunks, kThreads * kUnroll, max_sms, device);
+  switch (unit) {
+#define TD_COPY_CASE(U)                                                                   \
+  case U:                                                                                 \
+    gather_kernel<Bytes<U>, Bytes<U>, 1, key_t><<<grid, kThreads, 0, stream>>>(           \
+        table, stride_bytes, rows, keys, pos, n, chunks, out, row_bytes, dedupe);         \
+    break;
+    TD_COPY_CASE(16)
+    TD_COPY_CASE(8)
+    TD_COPY_CASE(4)
+    TD_COPY_CASE(2)
+    TD_COPY_CASE(1)
+#undef TD_COPY_CASE
+    default:
+      TORCH_INTERNAL_ASSERT(false, "bad copy unit");
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename in_t, typename out_t, typename key_t>
+void launch_cast(const char* table, int64_t stride_bytes, int64_t rows, const key_t* keys,
+                 const int32_t* pos, int64_t n, int64_t width, char* out, bool dedupe,
+                 int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
+  constexpr int V = 4;
+  const bool vec = width % V == 0 && stride_bytes % (sizeof(in_t) * V) == 0 &&
+                   aligned(table, sizeof(in_t) * V) && aligned(out, sizeof(out_t) * V);
+  const int64_t out_row_bytes = width * static_cast<int64_t>(sizeof(out_t));
+  if (vec) {
+    const int64_t chunks = width / V;
+    const int64_t grid = grid_for(n * chunks, kThreads * kUnroll, max_sms, device);
+    gather_kernel<in_t, out_t, V, key_t><<<grid, kThreads, 0, stream>>>(
+        table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe);
+  } else {
+    const int64_t grid = grid_for(n * width, kThreads * kUnroll, max_sms, device);
+    gather_kernel<in_t, out_t, 1, key_t><<<grid, kThreads, 0, stream>>>(
+        table, stride_bytes, rows, keys, pos, n, width, out, out_row_bytes, dedupe);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+bool castable(c10::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+template <typename key_t>
+void launch(const at::Tensor& table, const char* base, int64_t rows, const key_t* keys,
+            const int32_t* pos, int64_t n, at::Tensor& out, bool dedupe, int max_sms,
+            cudaStream_t stream) {
+  const int64_t width = rows == 0 ? 0 : table.numel() / rows;
+  const int64_t stride_bytes = table.stride(0) * table.element_size();
+  const auto device = out.device().index();
+  char* dst = static_cast<char*>(out.data_ptr());
+  if (out.scalar_type() == table.scalar_type()) {
+    const int64_t row_bytes = width * table.element_size();
+    launch_copy<key_t>(copy_unit(row_bytes, stride_bytes, base, dst), base, stride_bytes, rows,
+                       keys, pos, n, row_bytes, dst, dedupe, max_sms, device, stream);
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(castable(table.scalar_type()) && castable(out.scalar_type()));
+  auto in_type = table.scalar_type();
+  auto out_type = out.scalar_type();
+#define TD_CAST(IN_ENUM, IN_T, OUT_ENUM, OUT_T)                                               \
+  if (in_type == IN_ENUM && out_type == OUT_ENUM) {                                           \
+    return launch_cast<IN_T, OUT_T, key_t>(base, stride_bytes, rows, keys, pos, n, width, dst, \
+                                           dedupe, max_sms, device, stream);                  \
+  }
+  TD_CAST(at::kHalf, c10::Half, at::kFloat, float)
+  TD_CAST(at::kBFloat16, c10::BFloat16, at::kFloat, float)
+  TD_CAST(at::kFloat, float, at::kHalf, c10::Half)
+  TD_CAST(at::kFloat, float, at::kBFloat16, c10::BFloat16)
+  TD_CAST(at::kHalf, c10::Half, at::kBFloat16, c10::BFloat16)
+  TD_CAST(at::kBFloat16, c10::BFloat16, at::kHalf, c10::Half)
+#undef TD_CAST
+  TORCH_INTERNAL_ASSERT(false, "unhandled cast");
+}
+
+} // namespace
+
+bool gather_cuda_can_cast(c10::ScalarType from, c10::ScalarType to) {
+  return from == to || (castable(from) && castable(to));
+}
+
+IndexStats index_stats_cuda(const at::Tensor& index, int64_t rows) {
+  IndexStats r{0, 0, true};
+  if (index.numel() == 0) {
+    return r;
+  }
+  TORCH_CHECK(index.is_cuda() && index.dim() == 1 && index.is_contiguous(),
+              "index_stats_cuda: expected a contiguous 1-D CUDA index");
+  c10::cuda::CUDAGuard guard(index.device());
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor stats = at::empty({3}, index.options().dtype(at::kLong));
+  stats_init_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<long long*>(stats.data_ptr<int64_t>()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int64_t n = index.numel();
+  const int64_t grid = std::max<int64_t>(
+      1, std::min<int64_t>((n + kThreads - 1) / kThreads, sm_count(index.device().index()) * 4));
+  AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "index_stats_cuda", [&] {
+    index_stats_kernel<index_t><<<grid, kThreads, 0, stream>>>(
+        index.const_data_ptr<index_t>(), n, rows,
+        reinterpret_cast<long long*>(stats.data_ptr<int64_t>()));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  at::Tensor host = at::empty({3}, at::TensorOptions(at::kLong).pinned_memory(true));
+  host.copy_(stats, /*non_blocking=*/true);
+  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const int64_t* h = host.const_data_ptr<int64_t>();
+  r.min = h[0];
+  r.max = h[1];
+  r.sorted = h[2] == 0;
+  return r;
+}
+
+namespace {
+
+void check_gather_args(const at::Tensor& table, const at::Tensor& index, const at::Tensor& out,
+                       const char* op) {
+  TORCH_CHECK(table.dim() >= 1, op, ": the table needs at least one dimension");
+  TORCH_CHECK(index.is_cuda() && index.dim() == 1 &&
+                  (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt),
+              op, ": expected a 1-D int32/int64 CUDA index");
+  TORCH_CHECK(out.is_cuda() && out.is_contiguous() && out.device() == index.device(), op,
+              ": expected a contiguous out on the index's device");
+  TORCH_CHECK(table.size(0) == 0 || table.select(0, 0).is_contiguous(), op,
+              ": each row of the table must be contiguous");
+  TORCH_CHECK(is_unified(table) || (table.is_cuda() && table.device() == index.device()), op,
+              ": the table must be unified or on the index's CUDA device");
+  TORCH_CHECK(gather_cuda_can_cast(table.scalar_type(), out.scalar_type()), op,
+              ": no fused cast from ", table.scalar_type(), " to ", out.scalar_type());
+  const int64_t rows = table.size(0);
+  TORCH_CHECK(out.numel() == index.numel() * (rows == 0 ? 0 : table.numel() / rows), op,
+              ": out has the wrong number of elements");
+}
+
+// The gather proper, after the checks: `idx` contiguous, every value valid
+// (`s` describes the index the caller checked, of which idx may be a part).
+void launch_gather(const at::Tensor& table, const at::Tensor& idx, at::Tensor& out,
+                   GatherOrder order, int64_t max_sms, const IndexStats& s) {
+  const int64_t rows = table.size(0);
+  const int64_t n = idx.numel();
+  if (n == 0 || out.numel() == 0) {
+    return;
+  }
+  // The CUDA view of the table's bytes (records the stream, maps on first use).
+  const at::Tensor dev_table = is_unified(table) ? alias_as(table, idx.device()) : table;
+  const char* base = static_cast<const char*>(dev_table.const_data_ptr());
+  auto stream = c10::cuda::getCurrentCUDAStream();
+
+  const bool sort = order == GatherOrder::kSort ||
+                    (order == GatherOrder::kAuto && !s.sorted && n >= kSortThreshold);
+  if (!sort || s.sorted || n > std::numeric_limits<int32_t>::max()) {
+    // In index order; an index already sorted has its repeats adjacent: read them once.
+    AT_DISPATCH_INDEX_TYPES(idx.scalar_type(), "gather_rows_cuda", [&] {
+      launch<index_t>(table, base, rows, idx.const_data_ptr<index_t>(), nullptr, n, out,
+                      /*dedupe=*/s.sorted, static_cast<int>(max_sms), stream);
+    });
+    return;
+  }
+  const int end_bit = rows <= 1 ? 1 : 64 - __builtin_clzll(static_cast<unsigned long long>(rows - 1));
+  auto run_sorted = [&](auto key_zero) {
+    using key_t = decltype(key_zero);
+    const auto key_dtype = sizeof(key_t) == 4 ? at::kInt : at::kLong;
+    at::Tensor keys = at::empty({2, n}, idx.options().dtype(key_dtype));
+    at::Tensor pos = at::empty({2, n}, idx.options().dtype(at::kInt));
+    auto* k_in = reinterpret_cast<key_t*>(keys[0].data_ptr());
+    auto* k_out = reinterpret_cast<key_t*>(keys[1].data_ptr());
+    auto* p_in = pos[0].data_ptr<int32_t>();
+    auto* p_out = pos[1].data_ptr<int32_t>();
+    const int64_t grid = grid_for(n, kThreads, 0, idx.device().index());
+    AT_DISPATCH_INDEX_TYPES(idx.scalar_type(), "gather_make_pairs", [&] {
+      make_pairs_kernel<index_t, key_t><<<grid, kThreads, 0, stream>>>(
+          idx.const_data_ptr<index_t>(), n, rows, k_in, p_in);
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    size_t temp_bytes = 0;
+    C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, k_in, k_out, p_in, p_out,
+                                                   static_cast<int>(n), 0, end_bit, stream));
+    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, idx.options().dtype(at::kByte));
+    C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, k_in, k_out, p_in,
+                                                   p_out, static_cast<int>(n), 0, end_bit, stream));
+    launch<key_t>(table, base, rows, k_out, p_out, n, out, /*dedupe=*/true,
+                  static_cast<int>(max_sms), stream);
+  };
+  if (rows <= (int64_t(1) << 32)) {
+    run_sorted(uint32_t{0});
+  } else {
+    run_sorted(uint64_t{0});
+  }
+}
+
+// Rows per second of each path of the hybrid gather, per (device, row bytes),
+// smoothed over calls.
+struct HybridRates {
+  double cpu = 0;
+  double gpu = 0;
+};
+std::mutex& rates_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::pair<int, int64_t>, HybridRates>& rates() {
+  static std::map<std::pair<int, int64_t>, HybridRates> r;
+  return r;
+}
+constexpr double kDefaultCpuFraction = 0.25;
+
+} // namespace
+
+at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
+                             GatherOrder order, int64_t max_sms, const char* op,
+                             bool allow_negative) {
+  check_gather_args(table, index, out, op);
+  if (index.numel() == 0) {
+    return out;
+  }
+  c10::cuda::CUDAGuard guard(index.device());
+  const at::Tensor idx = index.contiguous();
+  const IndexStats s = index_stats_cuda(idx, table.size(0));
+  // Before any read of the table.
+  if (allow_negative) {
+    check_index_bounds(s.min, s.max, table.size(0), op);
+  } else {
+    check_index_bounds_nonnegative(s.min, s.max, table.size(0), op);
+  }
+  launch_gather(table, idx, out, order, max_sms, s);
+  return out;
+}
+
+double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
+                          int64_t cpu_threads, double cpu_fraction, GatherOrder order,
+                          int64_t max_sms, const char* op) {
+  check_gather_args(table, index, out, op);
+  TORCH_CHECK(is_unified(table), op, ": the hybrid gather reads a unified table");
+  TORCH_CHECK(cpu_threads > 0, op, ": the hybrid gather needs cpu_threads > 0");
+  const int64_t n = index.numel();
+  const int64_t rows = table.size(0);
+  if (n == 0 || out.numel() == 0) {
+    gather_rows_cuda(table, index, out, order, max_sms, op);
+    return 0.0;
+  }
+  c10::cuda::CUDAGuard guard(index.device());
+  const at::Tensor idx = index.contiguous();
+  const int64_t width = table.numel() / rows;
+  const auto key = std::make_pair(static_cast<int>(idx.device().index()),
+                                  width * static_cast<int64_t>(table.element_size()));
+  double f = cpu_fraction;
+  if (f < 0) {
+    std::lock_guard<std::mutex> g(rates_mutex());
+    const HybridRates r = rates()[key];
+    f = r.cpu > 0 && r.gpu > 0 ? r.cpu / (r.cpu + r.gpu) : kDefaultCpuFraction;
+    f = std::min(0.95, std::max(0.05, f));  // keep measuring both paths
+  }
+  f = std::min(1.0, std::max(0.0, f));
+  const int64_t k = static_cast<int64_t>(std::llround(f * static_cast<double>(n)));
+
+  // The CPU part's indices come to the host under the same sync as the check.
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor idx_host = at::empty({k}, idx.options().device(c10::kCPU).pinned_memory(true));
+  if (k > 0) {
+    idx_host.copy_(idx.narrow(0, 0, k), /*non_blocking=*/true);
+  }
+  const IndexStats s = index_stats_cuda(idx, rows);
+  check_index_bounds(s.min, s.max, rows, op);
+  synchronize_for_host(table);  // earlier GPU work on the table's pages (writers)
+
+  at::Tensor out2d = out.view({n, width});
+  cudaEvent_t g0 = nullptr, g1 = nullptr, c1 = nullptr;
+  C10_CUDA_CHECK(cudaEventCreate(&g0));
+  C10_CUDA_CHECK(cudaEventCreate(&g1));
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&c1, cudaEventDisableTiming));
+  // GPU part: entries [k, n), launched first so that it runs while the CPU works.
+  C10_CUDA_CHECK(cudaEventRecord(g0, stream));
+  if (k < n) {
+    at::Tensor gpu_out = out2d.narrow(0, k, n - k);
+    launch_gather(table, idx.narrow(0, k, n - k), gpu_out, order, max_sms, s);
+  }
+  C10_CUDA_CHECK(cudaEventRecord(g1, stream));
+
+  // CPU part: entries [0, k) into pinned staging, then one DMA on a side stream.
+  const auto t0 = std::chrono::steady_clock::now();
+  if (k > 0) {
+    at::Tensor staging = at::empty({k, width}, out.options().device(c10::kCPU).pinned_memory(true));
+    gather_rows_cpu(table, idx_host, staging, cpu_threads, /*wait_for_gpu=*/false);
+    auto side = c10::cuda::getStreamFromPool(false, idx.device().index());
+    C10_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), g0, 0));  // out is ready on `stream`
+    {
+      c10::cuda::CUDAStreamGuard sg(side);
+      out2d.narrow(0, 0, k).copy_(staging, /*non_blocking=*/true);
+    }
+    c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), side);
+    C10_CUDA_CHECK(cudaEventRecord(c1, side.stream()));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), c1, 0));
+    C10_CUDA_CHECK(cudaEventSynchronize(c1));
+  }
+  const double t_cpu =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  C10_CUDA_CHECK(cudaEventSynchronize(g1));
+  float gpu_ms = 0;
+  C10_CUDA_CHECK(cudaEventElapsedTime(&gpu_ms, g0, g1));
+  C10_CUDA_CHECK(cudaEventDestroy(g0));
+  C10_CUDA_CHECK(cudaEventDestroy(g1));
+  C10_CUDA_CHECK(cudaEventDestroy(c1));
+  {
+    std::lock_guard<std::mutex> g(rates_mutex());
+    HybridRates& r = rates()[key];
+    auto blend = [](double old, double now) { return old > 0 ? 0.5 * old + 0.5 * now : now; };
+    if (k > 0 && t_cpu > 0) {
+      r.cpu = blend(r.cpu, static_cast<double>(k) / t_cpu);
+    }
+    if (k < n && gpu_ms > 0) {
+      r.gpu = blend(r.gpu, static_cast<double>(n - k) / (gpu_ms * 1e-3));
+    }
+  }
+  return f;
+}
+
+double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes) {
+  std::lock_guard<std::mutex> g(rates_mutex());
+  const auto it = rates().find({static_cast<int>(device), row_bytes});
+  if (it == rates().end() || it->second.cpu <= 0 || it->second.gpu <= 0) {
+    return kDefaultCpuFraction;
+  }
+  return it->second.cpu / (it->second.cpu + it->second.gpu);
+}
+
+int64_t cuda_sm_count(c10::DeviceIndex device) {
+  return sm_count(device);
+}
+
+} // namespace at::native::unified
