@@ -6,14 +6,26 @@
 Each addition is an entry in ATen's own format whose `dispatch:` has a
 `Unified:` kernel. For an op the file already has, the schemas must be
 identical and the `Unified:` line is added to its dispatch table; a new op is
-appended. The file is edited as text (its comments and layout stay as they
-are), guided by the parsed YAML, and parsed again afterwards. Conflicts are
-refused with a message naming the op, and the file is left untouched:
+appended (as written, other keys included). The file is edited as text (its
+comments and layout stay as they are), guided by the parsed YAML, and parsed
+again afterwards.
+
+A functional op with a structured_delegate (`index.Tensor`, `gather`: its
+kernels come from the structured out= variant) may take a `Unified:` entry: it
+is an unstructured Unified kernel for that op alone, overriding the delegate
+for the Unified key only (every other key still delegates; torchgen accepts
+it, patches/0003). The entry is added to the op's dispatch table, which is
+created if the op has none.
+
+Conflicts are refused with a message naming the op, and the file is left
+untouched:
 
 - the same op with a different schema;
-- an op with no dispatch table (CompositeImplicitAutograd: a backend kernel
-  would never be called) or with a structured_delegate (its kernels come from
-  the out= variant);
+- an addition to an existing op with a key other than `Unified:` (only the
+  Unified entry is merged; on a structured_delegate op any other key would
+  contradict the delegation);
+- an op with no dispatch table and no structured_delegate
+  (CompositeImplicitAutograd: a backend kernel would never be called);
 - a different Unified kernel already present.
 
 --check reports what would change without writing. Re-running on a merged
@@ -74,8 +86,12 @@ def merge_text(text: str, additions: list[dict]) -> tuple[str, list[str]]:
     inserts: list[tuple[int, list[str]]] = []
     appended: list[str] = []
     report: list[str] = []
+    seen: set[str] = set()
     for add in additions:
         name = op_name(add["func"])
+        if name in seen:
+            raise MergeConflict(f"{name}: listed twice in the additions")
+        seen.add(name)
         kernel = dispatch_keys(add.get("dispatch")).get("Unified")
         if kernel is None:
             raise MergeConflict(f"{name}: the addition has no 'Unified:' kernel")
@@ -88,11 +104,15 @@ def merge_text(text: str, additions: list[dict]) -> tuple[str, list[str]]:
         if " ".join(str(have["func"]).split()) != " ".join(str(add["func"]).split()):
             raise MergeConflict(f"{name}: schema differs from ATen's\n  ATen:     {have['func']}\n"
                                 f"  addition: {add['func']}")
-        if "structured_delegate" in have:
-            raise MergeConflict(f"{name}: has structured_delegate {have['structured_delegate']!r}; "
-                                "add the Unified kernel to that out= variant instead")
+        delegate = have.get("structured_delegate")
+        others = sorted(k for k in dispatch_keys(add.get("dispatch")) if k != "Unified")
+        if others:
+            why = (f"it has structured_delegate {delegate!r}, so its {', '.join(others)} kernels "
+                   "come from that out= variant; only a Unified kernel may override it"
+                   if delegate else "only the Unified entry of an addition to an existing op is merged")
+            raise MergeConflict(f"{name}: the addition also dispatches {', '.join(others)}; {why}")
         existing = dispatch_keys(have.get("dispatch"))
-        if not existing:
+        if not existing and not delegate:
             raise MergeConflict(f"{name}: has no dispatch table (CompositeImplicitAutograd), so a "
                                 "Unified kernel would never be called")
         if "Unified" in existing:
@@ -103,6 +123,18 @@ def merge_text(text: str, additions: list[dict]) -> tuple[str, list[str]]:
         start, end = spans[name]
         block = lines[start:end]
         at = next((i for i, line in enumerate(block) if line.strip() == "dispatch:"), None)
+        where = f" (overrides structured_delegate {delegate} for Unified only)" if delegate else ""
+        if at is None and not existing:
+            # a structured_delegate op with no dispatch table: give it one,
+            # after the structured_delegate line
+            at = next((i for i, line in enumerate(block)
+                       if line.lstrip().startswith("structured_delegate:")), None)
+            if at is None:
+                raise MergeConflict(f"{name}: its structured_delegate is not on a line of its own")
+            pad = " " * (len(block[at]) - len(block[at].lstrip()))
+            inserts.append((start + at + 1, [f"{pad}dispatch:", f"{pad}  Unified: {kernel}"]))
+            report.append(f"add Unified: {kernel} to {name}{where}")
+            continue
         if at is None:
             raise MergeConflict(f"{name}: its dispatch table is not in block form")
         indent = next((len(line) - len(line.lstrip()) for line in block[at + 1:] if line.strip()), 4)
@@ -112,7 +144,7 @@ def merge_text(text: str, additions: list[dict]) -> tuple[str, list[str]]:
                                      and block[stop].strip()):
             stop += 1
         inserts.append((start + stop, [" " * indent + f"Unified: {kernel}"]))
-        report.append(f"add Unified: {kernel} to {name}")
+        report.append(f"add Unified: {kernel} to {name}{where}")
     for pos, new in sorted(inserts, reverse=True):
         lines[pos:pos] = new
     text = "\n".join(lines)

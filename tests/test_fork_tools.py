@@ -36,6 +36,14 @@ ATEN = """\
 - func: add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor
   structured_delegate: add.out
 
+- func: index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
+  structured_delegate: index.Tensor_out
+  variants: function, method
+  dispatch:
+    QuantizedCPU: quantized_index
+  tags: [core, dynamic_output_shape]
+  # NB: a trailing comment
+
 - func: matmul(Tensor self, Tensor other) -> Tensor
   variants: function, method
 """
@@ -68,8 +76,12 @@ class TestMerge(TestCase):
     def test_conflicts_are_refused_with_the_op_named(self):
         cases = [
             (add("view(Tensor(a) self, int[] size) -> Tensor(a)", "k"), "view: schema differs"),
-            (add("add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", "k"),
-             "add.Tensor: has structured_delegate"),
+            ({"func": "add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+              "dispatch": {"CPU, Unified": "k"}},
+             "add.Tensor: the addition also dispatches CPU; it has structured_delegate 'add.out'"),
+            ({"func": "view(Tensor(a) self, SymInt[] size) -> Tensor(a)",
+              "dispatch": {"Unified": "k", "CUDA": "c"}},
+             "view: the addition also dispatches CUDA; only the Unified entry"),
             (add("matmul(Tensor self, Tensor other) -> Tensor", "k"), "matmul: has no dispatch table"),
             ({"func": "view(Tensor(a) self, SymInt[] size) -> Tensor(a)", "dispatch": {"CPU": "k"}},
              "no 'Unified:' kernel"),
@@ -80,6 +92,38 @@ class TestMerge(TestCase):
         merged, _ = merge.merge_text(ATEN, [add("view(Tensor(a) self, SymInt[] size) -> Tensor(a)", "a")])
         with self.assertRaisesRegex(merge.MergeConflict, "already dispatches Unified"):
             merge.merge_text(merged, [add("view(Tensor(a) self, SymInt[] size) -> Tensor(a)", "b")])
+        with self.assertRaisesRegex(merge.MergeConflict, "view: listed twice"):
+            merge.merge_text(ATEN, [add("view(Tensor(a) self, SymInt[] size) -> Tensor(a)", "a")] * 2)
+
+    def test_unified_overrides_a_structured_delegate_for_unified_only(self):
+        index = "index.Tensor(Tensor self, Tensor?[] indices) -> Tensor"
+        add_t = "add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+        text, report = merge.merge_text(ATEN, [add(index, "index_Tensor_unified"),
+                                               add(add_t, "add_unified")])
+        # into the existing dispatch table; a table is made for an op without one
+        self.assertIn("    QuantizedCPU: quantized_index\n    Unified: index_Tensor_unified\n  tags:", text)
+        self.assertIn("  structured_delegate: add.out\n  dispatch:\n    Unified: add_unified\n", text)
+        self.assertIn("# NB: a trailing comment", text)
+        parsed = {merge.op_name(e["func"]): e for e in yaml.safe_load(text)}
+        self.assertEqual(parsed["index.Tensor"]["dispatch"],
+                         {"QuantizedCPU": "quantized_index", "Unified": "index_Tensor_unified"})
+        self.assertEqual(parsed["index.Tensor"]["structured_delegate"], "index.Tensor_out")
+        self.assertEqual(parsed["add.Tensor"]["dispatch"], {"Unified": "add_unified"})
+        self.assertEqual(parsed["add.Tensor"]["structured_delegate"], "add.out")
+        self.assertEqual(report, [
+            "add Unified: index_Tensor_unified to index.Tensor "
+            "(overrides structured_delegate index.Tensor_out for Unified only)",
+            "add Unified: add_unified to add.Tensor (overrides structured_delegate add.out for Unified only)"])
+        again, report2 = merge.merge_text(text, [add(index, "index_Tensor_unified"),
+                                                 add(add_t, "add_unified")])
+        self.assertEqual((again, report2), (text, []))  # idempotent
+        # still refused: a non-Unified key next to the delegate, another Unified kernel
+        for extra in ("CPU", "CUDA", "QuantizedCPU", "CompositeExplicitAutograd"):
+            with self.assertRaisesRegex(merge.MergeConflict, f"index.Tensor: the addition also dispatches "
+                                        f"{extra}; it has structured_delegate 'index.Tensor_out'"):
+                merge.merge_text(ATEN, [{"func": index, "dispatch": {"Unified": "k", extra: "k2"}}])
+        with self.assertRaisesRegex(merge.MergeConflict, "add.Tensor: already dispatches Unified to 'add_unified'"):
+            merge.merge_text(text, [add(add_t, "other_unified")])
 
     def test_cli_leaves_the_file_untouched_on_conflict(self):
         with tempfile.TemporaryDirectory() as d:
