@@ -24,3 +24,6 @@ for f in "${files[@]}"; do
   rc=$?
   echo "$name rc=$rc $(( $(date +%s) - s ))s :: $(tail -1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
 done
+# One file of logs (the device tool brings back a few files only).
+for f in "$OUT"/test_*.log; do echo "===== $f"; grep -v "^Extension modules" "$f"; done > "$OUT/tests_all.log" 2>/dev/null
+rm -f "$OUT"/test_*.log
