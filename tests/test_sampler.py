@@ -7,7 +7,8 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct
-from torch_direct.graph import CSRGraph, NeighborSampler
+from common import requires_gpu
+from torch_direct.graph import CSRGraph, GPUNeighborSampler, NeighborSampler
 
 # Upper 0.1% points of the chi-square distribution (df: value).
 CHI2_999 = {6: 22.458, 34: 65.247, 99: 148.230}
@@ -70,7 +71,7 @@ class TestBlocks(TestCase):
         rowptr, col = graph.rowptr, graph.col.long()
         n_id = batch.n_id
         self.assertEqual(batch.batch_size, len(seeds))
-        self.assertEqual(n_id[:len(seeds)], torch.as_tensor(seeds))
+        self.assertEqual(n_id[:len(seeds)], torch.as_tensor(seeds, dtype=torch.long))
         self.assertEqual(n_id.unique().numel(), n_id.numel())
         self.assertEqual(len(batch.hops), len(fanouts))
         self.assertEqual(batch.adjs, batch.hops[::-1])
@@ -283,6 +284,140 @@ class TestErrors(TestCase):
         batch = NeighborSampler(random_graph(), [2, 2]).sample(torch.empty(0, dtype=torch.long))
         self.assertEqual(batch.n_id.numel(), 0)
         self.assertEqual([h.size for h in batch.hops], [(0, 0), (0, 0)])
+
+
+def uniform_rows_graph(targets, degree):
+    """Nodes 0..targets-1 each aggregate from `degree` distinct other nodes: one
+    batch of all of them is `targets` independent trials of a degree-`degree` draw."""
+    dst = torch.arange(targets).repeat_interleave(degree)
+    src = targets + (torch.arange(targets * degree) * 7919) % (4 * degree)
+    return CSRGraph.from_edge_index(torch.stack([src, dst]), targets + 4 * degree, dedupe=True)
+
+
+class BlockSamplerChecks:
+    """The whole-batch (GPU) sampler; `device` picks where its steps run."""
+
+    device = "cpu"
+
+    def graph(self, graph):
+        return graph if self.device == "cpu" else graph.to("unified")
+
+    def sampler(self, graph, fanouts, **kw):
+        return GPUNeighborSampler(self.graph(graph), fanouts, device=self.device, **kw)
+
+    def test_blocks_match_the_graph(self):
+        for col_dtype in (torch.int64, torch.int32):
+            graph = random_graph(col_dtype=col_dtype)
+            sampler = self.sampler(graph, [4, 3, 2], seed=1)
+            for seeds in ([0, 5, 7, 299], [3], list(range(100, 160, 3)), []):
+                batch = sampler.sample(torch.tensor(seeds, dtype=torch.long)).to("cpu")
+                TestBlocks.check_batch(self, graph, seeds, [4, 3, 2], batch)
+            for fanouts in ([-1, 2], [0, 3], [40]):
+                batch = self.sampler(graph, fanouts).sample([1, 2, 250]).to("cpu")
+                TestBlocks.check_batch(self, graph, [1, 2, 250], fanouts, batch)
+
+    def test_blocks_drive_message_passing(self):
+        graph = random_graph(num_nodes=120, num_edges=700, seed=3)
+        x = torch.randn(graph.num_nodes, 4, dtype=torch.float64)
+        seeds = torch.tensor([3, 50, 7, 119])
+        want = NeighborSampler(graph, [-1, -1]).sample(seeds)
+        got = self.sampler(graph, [-1, -1]).sample(seeds).to("cpu")
+        self.assertEqual(got.n_id, want.n_id)  # with nothing random, the numbering is the CPU sampler's
+        for a, b in zip(got.hops, want.hops):
+            self.assertEqual(a.edge_index, b.edge_index)
+            self.assertEqual(a.size, b.size)
+
+    def test_every_subset_equally_likely(self):
+        targets, calls = 5000, 7
+        graph = uniform_rows_graph(targets, 7)
+        sampler = self.sampler(graph, [3], seed=5, return_edge_ids=True)
+        picks = []
+        for _ in range(calls):
+            hop = sampler.sample(torch.arange(targets)).hops[0]
+            slots = hop.e_id.cpu() - graph.rowptr[hop.edge_index[1].cpu()]
+            picks.append(slots.view(targets, 3).numpy())
+        counts = subset_counts(np.concatenate(picks), 7)
+        stat = chi_square(counts, [targets * calls / 35] * 35)
+        self.assertLess(stat, CHI2_999[34], f"subset frequencies are not uniform: chi2={stat:.1f}")
+
+    def test_deterministic_for_a_seed(self):
+        graph = random_graph()
+        a = self.sampler(graph, [5, 3], seed=9)
+        b = self.sampler(graph, [5, 3], seed=9)
+        c = self.sampler(graph, [5, 3], seed=10)
+        seeds = torch.arange(0, 60, 3)
+        same = lambda p, q: torch.equal(p.n_id.cpu(), q.n_id.cpu())  # noqa: E731
+        x, y, z = a.sample(seeds), b.sample(seeds), c.sample(seeds)
+        self.assertTrue(same(x, y))
+        self.assertEqual(x.hops[1].edge_index, y.hops[1].edge_index)
+        self.assertFalse(same(x, z))
+        self.assertFalse(same(x, a.sample(seeds)))  # each batch draws from a new stream
+        a.reseed(9)
+        self.assertTrue(same(x, a.sample(seeds)))
+
+    def test_loader_and_edge_ids(self):
+        graph = CSRGraph.from_edge_index(torch.tensor([[1, 2, 3, 0, 0], [0, 0, 0, 1, 2]]), 4,
+                                         keep_edge_ids=True)
+        batch = self.sampler(graph, [-1], return_edge_ids=True).sample([0]).to("cpu")
+        self.assertEqual(batch.hops[0].e_id, batch.n_id[batch.hops[0].edge_index[0]] - 1)
+        sampler = self.sampler(random_graph(), [2])
+        seen = torch.cat([b.n_id[:b.batch_size].cpu() for b in sampler.loader(torch.arange(50), 8)])
+        self.assertEqual(seen.sort().values, torch.arange(50))
+
+    def test_bad_input(self):
+        graph = random_graph()
+        sampler = self.sampler(graph, [2])
+        with self.assertRaisesRegex(IndexError, "out of range"):
+            sampler.sample([0, graph.num_nodes])
+        with self.assertRaisesRegex(ValueError, "appears twice"):
+            sampler.sample([3, 4, 3])
+        with self.assertRaisesRegex(TypeError, "1-D int32/int64"):
+            sampler.sample(torch.tensor([[1]]))
+        with self.assertRaisesRegex(ValueError, "CUDA device"):
+            GPUNeighborSampler(graph, [2], device="meta")
+
+
+class TestBlockSamplerCpu(BlockSamplerChecks, TestCase):
+    device = "cpu"
+
+    def test_graph_elsewhere(self):
+        with self.assertRaisesRegex(ValueError, "unified memory"):
+            GPUNeighborSampler(random_graph(), [2], device="cuda:0")
+
+
+@requires_gpu
+class TestBlockSamplerGpu(BlockSamplerChecks, TestCase):
+    """On the GPU, over a CSR in unified memory (read in place)."""
+
+    device = "cuda"
+
+    def test_same_batches_as_the_cpu_steps(self):
+        # The draw uses the same per-target streams on both devices: identical batches.
+        for col_dtype in (torch.int64, torch.int32):
+            graph = random_graph(num_nodes=2000, num_edges=40000, col_dtype=col_dtype)
+            seeds = torch.randperm(2000, generator=torch.Generator().manual_seed(0))[:256]
+            cpu = GPUNeighborSampler(graph, [15, 10, 5], seed=3, device="cpu").sample(seeds)
+            for g in (graph.to("unified"), graph.to("cuda")):
+                gpu = GPUNeighborSampler(g, [15, 10, 5], seed=3).sample(seeds.cuda())
+                self.assertEqual(gpu.n_id.device.type, "cuda")
+                self.assertEqual(gpu.n_id.cpu(), cpu.n_id)
+                for a, b in zip(gpu.hops, cpu.hops):
+                    self.assertEqual(a.edge_index.cpu(), b.edge_index)
+                    self.assertEqual(a.size, b.size)
+
+    def test_graph_stays_in_host_memory(self):
+        graph = random_graph(num_nodes=2000, num_edges=40000).to("unified")
+        before = torch.cuda.memory_allocated()
+        sampler = GPUNeighborSampler(graph, [10, 10], seed=0)
+        batch = sampler.sample(torch.arange(64, device="cuda"))
+        del batch
+        torch.cuda.synchronize()
+        self.assertLess(torch.cuda.memory_allocated() - before, graph.num_edges * 8)
+        self.assertTrue(graph.col.is_unified)
+
+    def test_cpu_graph_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "unified memory"):
+            GPUNeighborSampler(random_graph(), [2])
 
 
 if __name__ == "__main__":

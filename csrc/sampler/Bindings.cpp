@@ -2,13 +2,38 @@
 
 #include "Bindings.h"
 
+#include "BlockSampler.h"
 #include "NeighborSampler.h"
+#include "../aten/Placement.h"
 
 namespace torch_direct::sampler {
+namespace {
+
+namespace py = pybind11;
+
+// (n_id, [(edge_index, slots or None, n_src, n_dst) per hop])
+py::tuple to_python(const SampledBatch& b) {
+  py::list hops;
+  for (const auto& h : b.hops) {
+    py::object slots = h.slots.defined() ? py::cast(h.slots) : py::none();
+    hops.append(py::make_tuple(h.edge_index, slots, h.n_src, h.n_dst));
+  }
+  return py::make_tuple(b.n_id, hops);
+}
+
+// A view of a graph array on `device`: unified memory is read in place.
+at::Tensor on_device(const at::Tensor& t, c10::Device device) {
+  if (at::native::unified::is_unified(t)) {
+    return at::native::unified::alias_as(t, device);
+  }
+  TORCH_CHECK(t.device() == device, "the graph is on ", t.device(), " but the seeds are on ", device,
+              " (put the graph in unified memory, or on the seeds' device)");
+  return t;
+}
+
+} // namespace
 
 void bind(pybind11::module& m) {
-  namespace py = pybind11;
-  // Returns one (n_id, [(edge_index, slots or None, n_src, n_dst) per hop]) per batch.
   m.def("_sample_neighbors",
         [](const at::Tensor& rowptr, const at::Tensor& col, const std::vector<at::Tensor>& batches,
            const std::vector<int64_t>& fanouts, uint64_t seed, const std::vector<int64_t>& streams,
@@ -19,15 +44,21 @@ void bind(pybind11::module& m) {
             result = sample_neighbors(rowptr, col, batches, fanouts, seed, streams, return_slots);
           }
           py::list out;
-          for (auto& b : result) {
-            py::list hops;
-            for (auto& h : b.hops) {
-              py::object slots = h.slots.defined() ? py::cast(h.slots) : py::none();
-              hops.append(py::make_tuple(h.edge_index, slots, h.n_src, h.n_dst));
-            }
-            out.append(py::make_tuple(b.n_id, hops));
+          for (const auto& b : result) {
+            out.append(to_python(b));
           }
           return out;
+        });
+  m.def("_sample_blocks",
+        [](const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& seeds,
+           const std::vector<int64_t>& fanouts, uint64_t seed, int64_t stream, bool return_slots) {
+          SampledBatch result;
+          {
+            py::gil_scoped_release no_gil;
+            result = sample_blocks(on_device(rowptr, seeds.device()), on_device(col, seeds.device()),
+                                   seeds, fanouts, seed, stream, return_slots);
+          }
+          return to_python(result);
         });
   m.def("_sampler_uniform_below", &uniform_below);
 }

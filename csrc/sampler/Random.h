@@ -47,21 +47,30 @@ class Rng {
   // multiply-shift with rejection of the few low products that would
   // over-represent some values ("Fast Random Integer Generation in an Interval").
   TD_HOST_DEVICE uint64_t below(uint64_t bound) {
-    uint64_t x = next();
-    unsigned __int128 m = static_cast<unsigned __int128>(x) * bound;
-    uint64_t low = static_cast<uint64_t>(m);
+    uint64_t high;
+    uint64_t low = multiply(next(), bound, high);
     if (low < bound) {
       const uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound
       while (low < threshold) {
-        x = next();
-        m = static_cast<unsigned __int128>(x) * bound;
-        low = static_cast<uint64_t>(m);
+        low = multiply(next(), bound, high);
       }
     }
-    return static_cast<uint64_t>(m >> 64);
+    return high;
   }
 
  private:
+  // The 128-bit product x * y: returns the low word, stores the high one.
+  TD_HOST_DEVICE static uint64_t multiply(uint64_t x, uint64_t y, uint64_t& high) {
+#if defined(__CUDA_ARCH__)
+    high = __umul64hi(x, y);
+    return x * y;
+#else
+    const unsigned __int128 m = static_cast<unsigned __int128>(x) * y;
+    high = static_cast<uint64_t>(m >> 64);
+    return static_cast<uint64_t>(m);
+#endif
+  }
+
   TD_HOST_DEVICE static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
   uint64_t s_[4];
 };

@@ -11,7 +11,7 @@
 from .csr import CSRGraph
 from .datasets import PRESETS, NodeDataset, default_root, generate, load_dataset
 from .ogb import load_ogb
-from .sampler import Block, NeighborSampler, SampledBatch
+from .sampler import Block, GPUNeighborSampler, NeighborSampler, SampledBatch
 
-__all__ = ["Block", "CSRGraph", "NeighborSampler", "NodeDataset", "PRESETS", "SampledBatch",
-           "default_root", "generate", "load_dataset", "load_ogb"]
+__all__ = ["Block", "CSRGraph", "GPUNeighborSampler", "NeighborSampler", "NodeDataset", "PRESETS",
+           "SampledBatch", "default_root", "generate", "load_dataset", "load_ogb"]

@@ -173,3 +173,72 @@ class NeighborSampler:
 
     def __repr__(self) -> str:
         return f"NeighborSampler({self.graph!r}, fanouts={self.fanouts}, seed={self.seed})"
+
+
+class GPUNeighborSampler:
+    """Neighbour sampling by whole-batch tensor steps on a GPU that reads the CSR in place.
+
+    ``graph`` in unified memory is read over PCIe by the sampling kernel (no
+    copy of the graph to the GPU); a graph already on ``device`` works too.
+    Same semantics and block layout as :class:`NeighborSampler` (uniform
+    without replacement, nodes numbered in discovery order), but its own
+    random streams: for a seed it is reproducible, not equal to the CPU
+    sampler. ``device="cpu"`` runs the same steps on the CPU (a reference for
+    tests). Seeds may be on any device; results are on ``device``.
+    """
+
+    def __init__(self, graph: CSRGraph, fanouts: Sequence[int], *, seed: int = 0, device="cuda",
+                 return_edge_ids: bool = False):
+        if not isinstance(graph, CSRGraph):
+            raise TypeError(f"GPUNeighborSampler: graph must be a CSRGraph, got {type(graph).__name__}")
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device.type not in ("cuda", "cpu"):
+            raise ValueError(f"GPUNeighborSampler: device must be a CUDA device (or 'cpu'), got {device}")
+        if graph.device.type != "unified" and graph.device != device:
+            raise ValueError(f"GPUNeighborSampler: the graph is on {graph.device}; put it in unified "
+                             f"memory (graph.to('unified')) or on {device}")
+        self.graph = graph
+        self.device = device
+        self.fanouts = _check_fanouts(fanouts)
+        self.return_edge_ids = bool(return_edge_ids)
+        self.reseed(seed)
+
+    reseed = NeighborSampler.reseed
+
+    def sample(self, seeds) -> SampledBatch:
+        """Sample one batch rooted at ``seeds`` (distinct node ids); results on ``self.device``."""
+        from .. import _C
+        if not isinstance(seeds, torch.Tensor):
+            seeds = torch.as_tensor(seeds)
+        if seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
+            raise TypeError(f"seeds must be a 1-D int32/int64 tensor, got {seeds.dtype} of shape {tuple(seeds.shape)}")
+        seeds = seeds.to(self.device).long()
+        stream = self._next_stream
+        self._next_stream += 1
+        n_id, hops = _C._sample_blocks(self.graph.rowptr, self.graph.col, seeds, self.fanouts,
+                                       self.seed % 2**64, stream, self.return_edge_ids)
+        eids = self.graph.edge_ids
+        blocks = []
+        for edge_index, slots, n_src, n_dst in hops:
+            if slots is not None and eids is not None:
+                slots = torch.index_select(eids, 0, slots)
+            blocks.append(Block(edge_index, slots, (n_src, n_dst)))
+        return SampledBatch(n_id, blocks, seeds.numel())
+
+    def loader(self, node_ids, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
+               generator: torch.Generator | None = None) -> Iterator[SampledBatch]:
+        """Iterate over ``node_ids`` in batches of ``batch_size`` seeds."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        ids = torch.as_tensor(node_ids)
+        if shuffle:
+            ids = ids[torch.randperm(ids.numel(), generator=generator).to(ids.device)]
+        n = ids.numel()
+        count = n // batch_size if drop_last else math.ceil(n / batch_size)
+        for i in range(count):
+            yield self.sample(ids[i * batch_size:(i + 1) * batch_size])
+
+    def __repr__(self) -> str:
+        return f"GPUNeighborSampler({self.graph!r}, fanouts={self.fanouts}, device={self.device})"

@@ -1,0 +1,115 @@
+// Whole-batch neighbour sampling by tensor steps (see BlockSampler.h).
+
+#include "BlockSampler.h"
+
+#include "DrawNeighbours.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <limits>
+
+namespace torch_direct::sampler {
+namespace {
+
+void draw(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& nodes, int64_t fanout,
+          const at::Tensor& offsets, uint64_t seed, uint64_t stream, at::Tensor& slots,
+          at::Tensor& src, at::Tensor& dst) {
+  if (nodes.is_cuda()) {
+#ifdef TORCH_DIRECT_WITH_CUDA
+    draw_neighbours_cuda(rowptr, col, nodes, fanout, offsets, seed, stream, slots, src, dst);
+    return;
+#else
+    TORCH_CHECK(false, "this torch_direct was built without CUDA: the GPU sampler is not available");
+#endif
+  }
+  draw_neighbours_cpu(rowptr, col, nodes, fanout, offsets, seed, stream, slots, src, dst);
+}
+
+} // namespace
+
+void draw_neighbours_cpu(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& nodes,
+                         int64_t fanout, const at::Tensor& offsets, uint64_t seed, uint64_t stream,
+                         at::Tensor& slots, at::Tensor& src, at::Tensor& dst) {
+  const int64_t* rp = rowptr.const_data_ptr<int64_t>();
+  const int64_t* nd = nodes.const_data_ptr<int64_t>();
+  const int64_t* off = offsets.const_data_ptr<int64_t>();
+  int64_t* sl = slots.data_ptr<int64_t>();
+  int64_t* s = src.data_ptr<int64_t>();
+  int64_t* d = dst.data_ptr<int64_t>();
+  at::parallel_for(0, nodes.numel(), 256, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (col.scalar_type() == at::kLong) {
+        draw_target(rp, col.const_data_ptr<int64_t>(), nd[i], i, fanout, off[i], seed, stream + static_cast<uint64_t>(i), sl, s, d);
+      } else {
+        draw_target(rp, col.const_data_ptr<int32_t>(), nd[i], i, fanout, off[i], seed, stream + static_cast<uint64_t>(i), sl, s, d);
+      }
+    }
+  });
+}
+
+SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& seeds,
+                           const std::vector<int64_t>& fanouts, uint64_t seed, int64_t stream,
+                           bool return_slots) {
+  TORCH_CHECK(rowptr.device() == col.device() && seeds.device() == rowptr.device(),
+              "sample_blocks: rowptr, col and seeds must be on one device, got ", rowptr.device(),
+              ", ", col.device(), " and ", seeds.device());
+  TORCH_CHECK(rowptr.dim() == 1 && rowptr.scalar_type() == at::kLong && rowptr.is_contiguous(),
+              "sample_blocks: rowptr must be a contiguous 1-D int64 tensor");
+  TORCH_CHECK(col.dim() == 1 && col.is_contiguous() &&
+                  (col.scalar_type() == at::kLong || col.scalar_type() == at::kInt),
+              "sample_blocks: col must be a contiguous 1-D int32/int64 tensor");
+  TORCH_CHECK(seeds.dim() == 1 && seeds.scalar_type() == at::kLong,
+              "sample_blocks: seeds must be a 1-D int64 tensor");
+  const int64_t num_nodes = rowptr.numel() - 1;
+  at::Tensor nodes = seeds.contiguous();
+  if (nodes.numel() > 0) {
+    const int64_t lo = nodes.min().item<int64_t>();
+    const int64_t hi = nodes.max().item<int64_t>();
+    TORCH_CHECK_INDEX(lo >= 0 && hi < num_nodes, "NeighborSampler: seed node ", lo < 0 ? lo : hi,
+                      " is out of range for a graph of ", num_nodes, " nodes");
+    TORCH_CHECK_VALUE(std::get<0>(at::_unique2(nodes, false, false, false)).numel() == nodes.numel(),
+                      "NeighborSampler: a seed node appears twice in one batch (seeds must be distinct)");
+  }
+  const auto long_opts = nodes.options().dtype(at::kLong);
+  SampledBatch out;
+  for (size_t h = 0; h < fanouts.size(); ++h) {
+    const int64_t fanout = fanouts[h];
+    const int64_t n_dst = nodes.numel();
+    const at::Tensor degree = rowptr.index_select(0, nodes + 1) - rowptr.index_select(0, nodes);
+    const at::Tensor counts = fanout < 0 ? degree : degree.clamp_max(fanout);
+    const at::Tensor ends = counts.cumsum(0);
+    const at::Tensor offsets = ends - counts;
+    const int64_t e = n_dst > 0 ? ends[-1].item<int64_t>() : 0;  // one sync per hop: the edge count
+    at::Tensor slots = at::empty({e}, long_opts);
+    at::Tensor src = at::empty({e}, long_opts);
+    at::Tensor dst = at::empty({e}, long_opts);
+    if (e > 0) {
+      draw(rowptr, col, nodes, fanout, offsets, seed,
+           target_stream(static_cast<uint64_t>(stream), static_cast<int64_t>(h), 0), slots, src, dst);
+    }
+    // Relabel: local ids by first occurrence in [known nodes, sampled sources].
+    const at::Tensor all = at::cat({nodes, src});
+    auto [unique, inverse, unused] = at::_unique2(all, true, true, false);
+    const int64_t u = unique.numel();
+    const at::Tensor first =
+        at::full({u}, std::numeric_limits<int64_t>::max(), long_opts)
+            .scatter_reduce_(0, inverse, at::arange(all.numel(), long_opts), "amin", true);
+    const at::Tensor order = first.argsort();
+    const at::Tensor rank = at::empty({u}, long_opts).index_put_({order}, at::arange(u, long_opts));
+    const at::Tensor src_local = rank.index_select(0, inverse.slice(0, n_dst));
+    nodes = unique.index_select(0, order);
+    Hop hop;
+    hop.edge_index = at::stack({src_local, dst});
+    if (return_slots) {
+      hop.slots = slots;
+    }
+    hop.n_src = u;
+    hop.n_dst = n_dst;
+    out.hops.push_back(std::move(hop));
+  }
+  out.n_id = nodes;
+  return out;
+}
+
+} // namespace torch_direct::sampler

@@ -1,0 +1,39 @@
+#pragma once
+// Neighbour sampling as whole-batch tensor steps, for a GPU that reads the CSR
+// in place (unified memory: no copy of the graph to the GPU). Each hop draws
+// every target's neighbours in one kernel (one thread per target, Floyd's
+// algorithm over unbiased bounded draws), then relabels with sort-based
+// tensor ops: new nodes get local ids in the order the edges discover them,
+// exactly the CPU sampler's numbering. The same steps run on the CPU (a loop
+// for the draw), which is how they are tested without a GPU.
+
+#include "NeighborSampler.h"
+
+namespace torch_direct::sampler {
+
+// rowptr/col: CUDA tensors (aliases of unified memory, or device memory) or CPU
+// tensors; seeds: distinct int64 node ids on the same device. Target d of hop
+// h draws from its own generator (seed, target_stream(stream, h, d)), so a
+// batch is the same for a seed and stream on either device.
+SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& seeds,
+                           const std::vector<int64_t>& fanouts, uint64_t seed, int64_t stream,
+                           bool return_slots);
+
+// One hop's draw: for each target nodes[i], writes min(fanout, degree) distinct
+// CSR slots (all when fanout < 0) at out_offsets[i] into `slots`, their
+// neighbours into `src` and i into `dst`.
+void draw_neighbours_cpu(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& nodes,
+                         int64_t fanout, const at::Tensor& offsets, uint64_t seed, uint64_t stream,
+                         at::Tensor& slots, at::Tensor& src, at::Tensor& dst);
+#ifdef TORCH_DIRECT_WITH_CUDA
+void draw_neighbours_cuda(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& nodes,
+                          int64_t fanout, const at::Tensor& offsets, uint64_t seed, uint64_t stream,
+                          at::Tensor& slots, at::Tensor& src, at::Tensor& dst);
+#endif
+
+// The per-target stream of target i at hop h of a batch's stream.
+inline uint64_t target_stream(uint64_t batch_stream, int64_t hop, int64_t i) {
+  return (batch_stream * 64 + static_cast<uint64_t>(hop)) * 0x100000000ULL + static_cast<uint64_t>(i);
+}
+
+} // namespace torch_direct::sampler
