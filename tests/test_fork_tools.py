@@ -163,6 +163,46 @@ class TestSeries(TestCase):
             self.assertIn(needle, text)
 
 
+REGISTER_UNIFIED = """\
+namespace {
+at::Tensor wrapper_Unified_Tensor_index(const at::Tensor & self, const c10::List<::std::optional<at::Tensor>> & indices) {
+    // No device check
+  // DeviceGuard omitted
+  return at::native::index_Tensor_unified(self, indices);
+}
+} // anonymous namespace
+namespace {
+at::Tensor wrapper_Unified__gather(const at::Tensor & self, int64_t dim, const at::Tensor & index, bool sparse_grad) {
+  return at::native::gather_unified(self, dim, index, sparse_grad);
+}
+} // anonymous namespace
+TORCH_LIBRARY_IMPL(aten, Unified, m) {
+m.impl("index.Tensor",
+TORCH_FN(wrapper_Unified_Tensor_index));
+m.impl("gather",
+TORCH_FN(wrapper_Unified__gather));
+}
+"""
+
+
+class TestVerify(TestCase):
+    def test_registrations_follow_each_impl_into_its_wrapper(self):
+        verify = load_script("verify")
+        self.assertEqual(verify.unified_registrations(REGISTER_UNIFIED),
+                         {"index.Tensor": "index_Tensor_unified", "gather": "gather_unified"})
+        swapped = REGISTER_UNIFIED.replace("TORCH_FN(wrapper_Unified__gather)",
+                                           "TORCH_FN(wrapper_Unified_Tensor_index)")
+        self.assertEqual(verify.unified_registrations(swapped)["gather"], "index_Tensor_unified")
+        with self.assertRaisesRegex(RuntimeError, "no TORCH_LIBRARY_IMPL"):
+            verify.registrations(REGISTER_UNIFIED, "CPU")
+
+    def test_expected_kernels_are_the_additions(self):
+        verify = load_script("verify")
+        additions = yaml.safe_load(merge.DEFAULT_ADDITIONS.read_text())
+        self.assertEqual(verify.expected_unified_kernels(),
+                         {merge.op_name(a["func"]): a["dispatch"]["Unified"] for a in additions})
+
+
 class TestDocker(TestCase):
     def test_dockerfile_copies_only_what_exists(self):
         check = load_script("check_docker")
