@@ -182,6 +182,18 @@ std::unique_ptr<HostRegistration> register_host_range(void* ptr, size_t size) {
   return handle;
 }
 
+size_t registered_run(const void* ptr) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> g(registry_mutex());
+  auto& reg = registry();
+  auto it = reg.upper_bound(p);
+  if (it == reg.begin()) {
+    return 0;
+  }
+  --it;
+  return p < it->second.end ? static_cast<size_t>(it->second.end - p) : 0;
+}
+
 size_t registered_bytes() {
   std::lock_guard<std::mutex> g(registry_mutex());
   return g_owned_bytes;

@@ -49,6 +49,11 @@ size_t registration_count();
 // default 1024 MiB).
 size_t register_chunk_bytes();
 
+// Bytes from `ptr` to the end of the driver registration that holds it (0 if
+// none does). One cudaMemcpy may not span two registrations: the driver
+// rejects it ("invalid argument"), so copies of large blocks are split here.
+size_t registered_run(const void* ptr);
+
 size_t host_page_size();
 
 } // namespace c10::unified

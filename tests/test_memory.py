@@ -156,6 +156,12 @@ class TestAllocatorGPU(TestCase):
             s = torch_direct.memory_stats()
             idx = torch.tensor([0, (10 << 20) - 1], device="cuda")
             assert torch.equal(u[idx].cpu(), t[idx.cpu()])
+            # DMA copies across registrations, both ways, for owned and pinned-in-place blocks.
+            assert torch.equal(u.to("cuda").cpu(), t)
+            big = torch.empty(10 << 20, device="unified")
+            big.copy_(t.clone().cuda())  # (t itself: see docs/allocator.md on chunks)
+            assert torch.equal(big.cpu(), t)
+            assert torch.equal(big[1:].to("cuda").cpu(), t[1:])
             print(s["pinned_registrations"])
         """)
         env = dict(os.environ, TORCH_DIRECT_REGISTER_CHUNK_MB="8")

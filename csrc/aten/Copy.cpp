@@ -7,9 +7,12 @@
 #include "UnifiedKernels.h"
 
 #include "../../c10_allocator/CudaRuntime.h"
+#include "../../c10_allocator/HostRegistration.h"
 #include "../../c10_allocator/UnifiedAllocator.h"
 
 #include <ATen/ATen.h>
+
+#include <algorithm>
 
 namespace at::native {
 namespace {
@@ -44,8 +47,17 @@ void dma(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& unified
     allocator->ensure_mapped(dp);
     allocator->record_stream(dp, stream);
   }
-  alloc::cuda::memcpy_async(span_start(dst), span_start(src),
-                            static_cast<size_t>(src.numel()) * src.element_size(), stream);
+  // In pieces that each stay within one driver registration of the host side.
+  char* d = static_cast<char*>(span_start(dst));
+  const char* s = static_cast<const char*>(span_start(src));
+  const char* host = static_cast<const char*>(span_start(unified_side));
+  const size_t total = static_cast<size_t>(src.numel()) * src.element_size();
+  for (size_t done = 0; done < total;) {
+    const size_t run = alloc::registered_run(host + done);
+    const size_t piece = run == 0 ? total - done : std::min(run, total - done);
+    alloc::cuda::memcpy_async(d + done, s + done, piece, stream);
+    done += piece;
+  }
   if (!non_blocking) {
     alloc::cuda::stream_synchronize(stream);
   }

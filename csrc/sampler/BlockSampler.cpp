@@ -1,5 +1,6 @@
 // Whole-batch neighbour sampling by tensor steps (see BlockSampler.h).
 
+#include "c10_allocator/Text.h"
 #include "BlockSampler.h"
 
 #include "DrawNeighbours.h"
@@ -66,8 +67,9 @@ SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, cons
   if (nodes.numel() > 0) {
     const int64_t lo = nodes.min().item<int64_t>();
     const int64_t hi = nodes.max().item<int64_t>();
-    TORCH_CHECK_INDEX(lo >= 0 && hi < num_nodes, "NeighborSampler: seed node ", lo < 0 ? lo : hi,
-                      " is out of range for a graph of ", num_nodes, " nodes");
+    TORCH_CHECK_INDEX(lo >= 0 && hi < num_nodes, "NeighborSampler: seed node ",
+                      c10::unified::num(lo < 0 ? lo : hi), " is out of range for a graph of ",
+                      c10::unified::num(num_nodes), " nodes");
     TORCH_CHECK_VALUE(std::get<0>(at::_unique2(nodes, false, false, false)).numel() == nodes.numel(),
                       "NeighborSampler: a seed node appears twice in one batch (seeds must be distinct)");
   }

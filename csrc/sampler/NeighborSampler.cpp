@@ -2,6 +2,7 @@
 // from global to local ids across all of its hops, so a node found at any hop
 // gets one local id and the blocks of consecutive hops share a prefix.
 
+#include "c10_allocator/Text.h"
 #include "NeighborSampler.h"
 
 #include "FlatHashMap.h"
@@ -62,11 +63,11 @@ SampledBatch sample_batch(const int64_t* rowptr, const col_t* col, int64_t num_n
   nodes.reserve(static_cast<size_t>(std::min(expected, num_nodes)));
   for (int64_t i = 0; i < n_seeds; ++i) {
     const int64_t v = seed_ids[i];
-    TORCH_CHECK_INDEX(v >= 0 && v < num_nodes, "NeighborSampler: seed node ", v,
-                      " is out of range for a graph of ", num_nodes, " nodes");
+    TORCH_CHECK_INDEX(v >= 0 && v < num_nodes, "NeighborSampler: seed node ", c10::unified::num(v),
+                      " is out of range for a graph of ", c10::unified::num(num_nodes), " nodes");
     bool inserted;
     local.find_or_insert(v, static_cast<int64_t>(nodes.size()), inserted);
-    TORCH_CHECK_VALUE(inserted, "NeighborSampler: seed node ", v,
+    TORCH_CHECK_VALUE(inserted, "NeighborSampler: seed node ", c10::unified::num(v),
                       " appears twice in one batch (seeds must be distinct)");
     nodes.push_back(v);
   }
