@@ -104,6 +104,23 @@ class TestGatherOpsCPU(TestCase):
             u[torch.tensor([60])]
 
 
+class TestCpuThreads(TestCase):
+    def test_cpu_gather_runs_on_several_threads(self):
+        # at::parallel_for's OpenMP body is inline: compiled into an extension
+        # without -fopenmp it runs on one thread. Ours must not.
+        self.assertGreaterEqual(torch_direct._C._parallel_threads_used(2), 2)
+        self.assertEqual(torch_direct._C._parallel_threads_used(1), 1)
+
+    def test_bad_index_in_the_last_chunk(self):
+        src = torch.randn(100000, 4)
+        u = src.to("unified")
+        idx = torch.randint(0, 100000, (200000,))
+        idx[-1] = 100000  # in the last chunk
+        with self.assertRaisesRegex(IndexError, "100000"):
+            torch_direct.gather(u, idx)
+        self.assertEqual(torch_direct.gather(u, idx[:-1]), src[idx[:-1]])
+
+
 class TestGatherCPU(GatherChecks, TestCase):
     device = "cpu"
 
@@ -252,7 +269,7 @@ class TestGatherKernelCUDA(TestCase):
         self.assertEqual(u[ic].device, ic.device)
         with self.assertRaisesRegex(IndexError, "-"):  # as stock index_select
             torch.index_select(u, 0, ic)
-        pos = i.abs()
+        pos = i.remainder(3000)
         self.assertEqual(torch.index_select(u, 0, pos.cuda()).cpu(), src.index_select(0, pos))
         out = torch.empty(0, device="cuda")
         torch.index_select(u, 0, pos.cuda(), out=out)

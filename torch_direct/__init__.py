@@ -22,7 +22,7 @@ from ._backend import (  # noqa: F401  (registers the device on import)
     reset_peak_memory_stats,
 )
 
-from ._gather import gather  # noqa: E402
+from ._gather import gather, hybrid_cpu_fraction  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -32,6 +32,7 @@ __all__ = [
     "cuda_available",
     "empty_cache",
     "gather",
+    "hybrid_cpu_fraction",
     "is_unified",
     "memory_stats",
     "pin_inplace",

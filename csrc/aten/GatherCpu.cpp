@@ -2,6 +2,7 @@
 // with the dtype cast fused into the copy of each row. Indices are checked
 // before any row is read.
 
+#include "ParallelChunks.h"
 #include "Placement.h"
 
 #include <ATen/ATen.h>
@@ -35,16 +36,13 @@ void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Ten
   const int64_t rows = table.size(0);
   const int64_t width = table.numel() / std::max<int64_t>(rows, 1);
   const int64_t in_stride = table.stride(0);
-  int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
-  if (max_threads > 0) {  // at most max_threads chunks, so at most that many threads
-    grain = std::max(grain, (n + max_threads - 1) / max_threads);
-  }
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
   if (out.scalar_type() == table.scalar_type()) {
     const size_t row_bytes = static_cast<size_t>(width) * table.element_size();
     const char* base = static_cast<const char*>(table.const_data_ptr());
     char* dst = static_cast<char*>(out.data_ptr());
     const int64_t stride_bytes = in_stride * table.element_size();
-    at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+    parallel_chunks(n, grain, max_threads, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const int64_t r = idx[i] < 0 ? idx[i] + rows : idx[i];
         std::memcpy(dst + i * row_bytes, base + r * stride_bytes, row_bytes);
@@ -57,7 +55,7 @@ void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Ten
     const in_t* base = table.const_data_ptr<in_t>();
     AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, out.scalar_type(), "gather_out", [&] {
       scalar_t* dst = out.data_ptr<scalar_t>();
-      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+      parallel_chunks(n, grain, max_threads, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           const int64_t r = idx[i] < 0 ? idx[i] + rows : idx[i];
           const in_t* src = base + r * in_stride;

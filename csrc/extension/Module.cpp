@@ -2,6 +2,7 @@
 // PyTorch (hooks, boxed fallback; the per-op kernels are registered by the
 // generated RegisterUnified.cpp) and exposes the runtime to torch_direct.
 
+#include "../aten/ParallelChunks.h"
 #include "../aten/Placement.h"
 #include "../aten/UnifiedKernels.h"
 #include "../runtime/AcceleratorHook.h"
@@ -13,6 +14,11 @@
 
 #include <torch/extension.h>
 #include <torch/library.h>
+
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
 
 namespace {
 
@@ -188,6 +194,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(false, "torch_direct was built without CUDA");
     return 0.0;
 #endif
+  });
+  m.def("_parallel_threads_used", [](int64_t chunks) {
+    // How many distinct threads parallel_chunks runs `chunks` chunks on.
+    std::mutex mu;
+    std::set<std::thread::id> ids;
+    at::native::unified::parallel_chunks(chunks, 1, chunks, [&](int64_t, int64_t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::lock_guard<std::mutex> g(mu);
+      ids.insert(std::this_thread::get_id());
+    });
+    return static_cast<int64_t>(ids.size());
   });
   m.def("_hybrid_cpu_fraction", [](int64_t device, int64_t row_bytes) {
 #ifdef TORCH_DIRECT_WITH_CUDA

@@ -1,6 +1,7 @@
 // Whole-batch neighbour sampling by tensor steps (see BlockSampler.h).
 
 #include "c10_allocator/Text.h"
+#include "csrc/aten/ParallelChunks.h"
 #include "BlockSampler.h"
 
 #include "DrawNeighbours.h"
@@ -38,7 +39,7 @@ void draw_neighbours_cpu(const at::Tensor& rowptr, const at::Tensor& col, const 
   int64_t* sl = slots.data_ptr<int64_t>();
   int64_t* s = src.data_ptr<int64_t>();
   int64_t* d = dst.data_ptr<int64_t>();
-  at::parallel_for(0, nodes.numel(), 256, [&](int64_t b, int64_t e) {
+  at::native::unified::parallel_chunks(nodes.numel(), 256, 0, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       if (col.scalar_type() == at::kLong) {
         draw_target(rp, col.const_data_ptr<int64_t>(), nd[i], i, fanout, off[i], seed, stream + static_cast<uint64_t>(i), sl, s, d);

@@ -3,6 +3,7 @@
 // gets one local id and the blocks of consecutive hops share a prefix.
 
 #include "c10_allocator/Text.h"
+#include "csrc/aten/ParallelChunks.h"
 #include "NeighborSampler.h"
 
 #include "FlatHashMap.h"
@@ -159,7 +160,7 @@ std::vector<SampledBatch> sample_neighbors(const at::Tensor& rowptr_in, const at
   const int64_t num_nodes = rowptr.numel() - 1;
   const int64_t* rp = rowptr.const_data_ptr<int64_t>();
   std::vector<SampledBatch> out(batches.size());
-  at::parallel_for(0, static_cast<int64_t>(batches.size()), 1, [&](int64_t b0, int64_t b1) {
+  at::native::unified::parallel_chunks(static_cast<int64_t>(batches.size()), 1, 0, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       Rng rng(seed, static_cast<uint64_t>(streams[b]));
       if (col.scalar_type() == at::kLong) {
