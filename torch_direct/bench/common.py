@@ -44,7 +44,10 @@ def time_it(fn: Callable[[], object], repeats: int, warmup: int, gpu: bool) -> d
     for _ in range(repeats):
         c0 = time.process_time()
         if gpu:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # Blocking events: the host sleeps while it waits, so process_time
+            # counts the CPU work of the method, not a spinning wait.
+            start = torch.cuda.Event(enable_timing=True, blocking=True)
+            end = torch.cuda.Event(enable_timing=True, blocking=True)
             start.record()
             fn()
             end.record()

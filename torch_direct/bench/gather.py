@@ -1,7 +1,8 @@
 """Gather micro-benchmark: B rows of an N x D host table landed on the GPU.
 
 Sweeps row size, table size, index count, index order and dtype, and times,
-in the same run: `ours` (torch_direct.gather), `memcpy` (contiguous pinned
+in the same run: `ours` (torch_direct.gather, GPU-centric), `ours_hybrid` (the
+same with CPU threads taking a measured share of the rows), `memcpy` (contiguous pinned
 host-to-device copy of the same bytes: the PCIe limit), `cpu_centric` (CPU
 threads gather into a pinned buffer, then one DMA), `naive_uva` (stock
 index_select on a CUDA alias of the mapped table), `naive_uva_sorted` (the same
@@ -15,6 +16,7 @@ PNG. Without a usable GPU it says so and times the CPU paths (`ours` and
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from pathlib import Path
 
@@ -46,9 +48,11 @@ def add_arguments(ap) -> None:
     ap.add_argument("--plot", type=Path, default=None,
                     help="PNG to draw (default: the JSON path with .png)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="CPU threads of the hybrid mode and of cpu_centric (default: all cores)")
 
 
-def _methods(table, idx, gpu: bool, resident):
+def _methods(table, idx, gpu: bool, resident, cpu_threads: int):
     """name -> zero-argument callable doing one gather of `idx` rows."""
     import torch_direct
 
@@ -61,9 +65,17 @@ def _methods(table, idx, gpu: bool, resident):
         m["cpu_centric"] = lambda: torch.index_select(host, 0, idx_cpu, out=buf)
         return m
     nbytes = n * width * table.element_size()
-    flat = table.view(-1).view(torch.uint8)[:nbytes]
+    flat = table.view(-1).view(torch.uint8)
     dst_bytes = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    m["memcpy"] = lambda: dst_bytes.copy_(flat, non_blocking=True)
+    # The same number of bytes, contiguous; from the table's start again when
+    # it is smaller than what is moved.
+    spans = [(o, min(flat.numel(), nbytes - o)) for o in range(0, nbytes, flat.numel())]
+
+    def memcpy():
+        for o, k in spans:
+            dst_bytes[o:o + k].copy_(flat[:k], non_blocking=True)
+
+    m["memcpy"] = memcpy
     pinned = torch.empty(n, width, dtype=table.dtype, pin_memory=True)
     dst = torch.empty(n, width, dtype=table.dtype, device="cuda")
 
@@ -72,6 +84,7 @@ def _methods(table, idx, gpu: bool, resident):
         dst.copy_(pinned, non_blocking=True)
 
     m["cpu_centric"] = cpu_centric
+    m["ours_hybrid"] = lambda: torch_direct.gather(table, idx, cpu_threads=cpu_threads)
     alias = torch_direct._C._as_cuda_alias(table, idx.device.index or 0)
     m["naive_uva"] = lambda: torch.index_select(alias, 0, idx)
     out = torch.empty(n, width, dtype=table.dtype, device="cuda")
@@ -110,6 +123,8 @@ def run(args) -> int:
     record = {"benchmark": "gather", "machine": machine_record(), "config": vars(args) | {
         "out": str(args.out), "plot": str(args.plot)}, "points": []}
     dev = torch.device("cuda") if gpu else torch.device("cpu")
+    cpu_threads = args.cpu_threads or os.cpu_count() or 1
+    torch.set_num_threads(cpu_threads)  # cpu_centric and the CPU gathers use as many
     for gb in tables:
         nbytes = int(gb * 1e9)
         base = torch.empty(nbytes // 4, dtype=torch.float32, device="unified")
@@ -132,7 +147,7 @@ def run(args) -> int:
             moved = count * row_bytes
             point = {"table_gb": gb, "dtype": str(dtype).split(".")[-1], "row_bytes": row_bytes,
                      "indices": count, "order": order, "bytes": moved, "times": {}}
-            for name, fn in _methods(table, idx, gpu, resident).items():
+            for name, fn in _methods(table, idx, gpu, resident, cpu_threads).items():
                 t = time_it(fn, args.repeats, args.warmup, gpu)
                 t["GBps"] = moved / t["median_s"] / 1e9
                 t["Mrows_per_s"] = count / t["median_s"] / 1e6
@@ -143,16 +158,61 @@ def run(args) -> int:
             point["speedup_vs"] = {k: v["median_s"] / ours
                                    for k, v in point["times"].items() if k != "ours"}
             record["points"].append(point)
+            write_json(args.out, record)  # a stopped run keeps what it measured
             del resident
         del base
+    record["targets"] = targets(record)
     write_json(args.out, record)
     _print_table(record)
+    for t in record["targets"]:
+        print(f"target {t['name']}: {t['ratio']:.2f} (want >= {t['want']}) "
+              f"{'met' if t['met'] else 'MISSED'} at {t['point']}")
     plot = args.plot or args.out.with_suffix(".png")
     if draw(record, plot):
         print(f"wrote {args.out} and {plot}")
     else:
         print(f"wrote {args.out} (no plot: matplotlib is not installed)")
     return 0
+
+
+def targets(record: dict) -> list[dict]:
+    """The gather issue's targets, each at its worst point in this run."""
+    def worst(name, want, select, ratio):
+        pts = [p for p in record["points"] if select(p)]
+        if not pts:
+            return None
+        vals = [(ratio(p), p) for p in pts]
+        r, p = min(vals, key=lambda v: v[0])
+        where = f"{p['table_gb']} GB {p['dtype']} {p['row_bytes']} B {p['indices']} {p['order']}"
+        return {"name": name, "want": want, "ratio": r, "met": r >= want, "point": where,
+                "points": len(pts)}
+
+    def gbps(p, k):
+        return p["times"][k]["GBps"] if k in p["times"] else float("nan")
+
+    big = lambda p: p["table_gb"] >= 32 and p["order"] == "random"  # noqa: E731
+    out = [
+        worst("1 GB, rows >= 128 B, random: ours / memcpy", 0.90,
+              lambda p: p["table_gb"] <= 1 and p["row_bytes"] >= 128 and p["order"] == "random"
+              and "memcpy" in p["times"], lambda p: gbps(p, "ours") / gbps(p, "memcpy")),
+        worst(">= 32 GB, 400K random, 128-1024 B: ours / naive_uva_sorted", 1.0,
+              lambda p: big(p) and p["indices"] == 400000 and 128 <= p["row_bytes"] <= 1024
+              and "naive_uva_sorted" in p["times"],
+              lambda p: gbps(p, "ours") / gbps(p, "naive_uva_sorted")),
+        worst(">= 32 GB, 400K random, 128-1024 B: ours_hybrid / max(naive_uva_sorted, cpu_centric)",
+              1.5, lambda p: big(p) and p["indices"] == 400000 and 128 <= p["row_bytes"] <= 1024
+              and "ours_hybrid" in p["times"],
+              lambda p: gbps(p, "ours_hybrid") / max(gbps(p, "naive_uva_sorted"),
+                                                     gbps(p, "cpu_centric"))),
+        worst(">= 32 GB, 2M random, rows >= 512 B: ours / memcpy", 0.90,
+              lambda p: big(p) and p["indices"] == 2000000 and p["row_bytes"] >= 512
+              and "memcpy" in p["times"], lambda p: gbps(p, "ours") / gbps(p, "memcpy")),
+        worst("CPU s/GB: cpu_centric / ours", 10.0,
+              lambda p: "cpu_centric" in p["times"] and "memcpy" in p["times"],
+              lambda p: p["times"]["cpu_centric"]["cpu_s_per_GB"]
+              / max(p["times"]["ours"]["cpu_s_per_GB"], 1e-9)),
+    ]
+    return [t for t in out if t is not None]
 
 
 def _print_table(record: dict) -> None:
