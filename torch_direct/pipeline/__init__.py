@@ -1,0 +1,17 @@
+"""The GNN training pipeline: feature stores, a pipelined loader and the training CLI.
+
+    >>> from torch_direct.pipeline import make_feature_store, PipelinedLoader
+    >>> store = make_feature_store("unified", ds.x, "cuda", cache_bytes=2**30, degree=ds.graph.degree())
+    >>> with PipelinedLoader(NeighborSampler(ds.graph, [15, 10, 5]), store, ds.split["train"], 1024,
+    ...                      labels=ds.y) as loader:
+    ...     for b in loader: ...
+
+``python -m torch_direct train --help`` trains a GNN with it from the shell.
+"""
+
+from .features import (KINDS, CPUCentricFeatureStore, FeatureStore, GPUResidentFeatureStore,
+                       UnifiedFeatureStore, make_feature_store, to_pyg)
+from .loader import STAGES, Batch, PipelinedLoader
+
+__all__ = ["Batch", "CPUCentricFeatureStore", "FeatureStore", "GPUResidentFeatureStore", "KINDS",
+           "PipelinedLoader", "STAGES", "UnifiedFeatureStore", "make_feature_store", "to_pyg"]

@@ -1,0 +1,344 @@
+"""A pipelined mini-batch loader: sampling, feature gather and transfer of upcoming batches
+overlap with the current training step.
+
+    >>> with PipelinedLoader(sampler, store, ds.split["train"], 1024, labels=ds.y,
+    ...                      device="cuda", prefetch=2) as loader:
+    ...     for epoch in range(3):
+    ...         for b in loader:                  # b.x, b.y, b.adjs, b.batch_size, b.n_id
+    ...             loss = step(model, b)
+    ...         print(loader.stats())             # busy and exposed seconds per stage
+
+One producer thread per epoch samples a batch, gathers its features and moves its blocks and
+labels to the device, then puts it into a queue of at most ``prefetch`` batches. On CUDA that
+work is queued on a side stream; each batch carries an event recorded after its work, the
+consumer's stream waits for that event, and every tensor of the batch gets ``record_stream``
+of the consumer's stream, so the caching allocator cannot hand its memory to the producer
+while the training step still reads it.
+
+Stage times: ``busy`` is the time each stage took in the producer (CUDA events on GPU,
+``perf_counter`` on CPU), ``wait`` the time the training loop stood waiting for a batch (the
+loader's exposed time); ``exposed`` splits ``wait`` over the stages in proportion to their busy
+time (with ``prefetch=0`` the stages run in the loop itself and all of their time is exposed).
+
+An exception in the producer is raised again in the training loop (from ``next``). Breaking out
+of an epoch, starting a new one, ``close()`` and leaving the ``with`` block all stop the
+producer and join its thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .features import FeatureStore, _check_device
+
+STAGES = ("sample", "gather", "transfer")
+_END = object()
+
+
+@dataclass
+class Batch:
+    """One mini-batch on the device: features ``x`` of every sampled node (``n_id``
+    order), labels ``y`` of the ``batch_size`` seeds (or None), and the model-order
+    blocks ``adjs`` (``(edge_index, e_id, (n_src, n_dst))``, PyG's layout)."""
+
+    x: torch.Tensor
+    y: torch.Tensor | None
+    adjs: list
+    batch_size: int
+    n_id: torch.Tensor
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class _Timer:
+    """Per-stage busy time: CUDA events on a stream (resolved lazily), else perf_counter."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+        self.events: list[tuple[str, object, object]] = []
+
+    def start(self, stream):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(stream)
+            return ev
+        return time.perf_counter()
+
+    def stop(self, stage: str, start, stream) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(stream)
+            self.events.append((stage, start, ev))
+        else:
+            self.seconds[stage] += time.perf_counter() - start
+
+    def resolve(self) -> dict:
+        for stage, a, b in self.events:
+            b.synchronize()
+            self.seconds[stage] += a.elapsed_time(b) / 1e3
+        self.events.clear()
+        return dict(self.seconds)
+
+
+class _Epoch:
+    """The iterator of one epoch (see :class:`PipelinedLoader`)."""
+
+    def __init__(self, loader: "PipelinedLoader"):
+        self.loader = loader
+        self.timer = _Timer(loader.cuda)
+        self.wait = 0.0
+        self.batches = 0
+        self.done = False
+        seeds = loader._seed_batches()
+        self.num_batches = len(seeds)
+        self._it = loader._sample_iter(seeds)
+        self.stop = threading.Event()
+        self.thread = None
+        if loader.prefetch > 0:
+            self.q: queue.Queue = queue.Queue(maxsize=loader.prefetch)
+            self.thread = threading.Thread(target=self._produce, name="torch_direct-loader", daemon=True)
+            self.thread.start()
+
+    # producer side -------------------------------------------------------------------------------
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self) -> None:
+        try:
+            if self.loader.cuda:
+                torch.cuda.set_device(self.loader.device)
+            while not self.stop.is_set():
+                item = self.loader._make_batch(self._it, self.timer)
+                if item is None:
+                    break
+                if not self._put(item):
+                    return
+            self._put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the training loop
+            self._put(_Failure(e))
+
+    # consumer side -------------------------------------------------------------------------------
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __next__(self) -> Batch:
+        if self.done:
+            raise StopIteration
+        t0 = time.perf_counter()
+        try:
+            if self.thread is None:
+                item = self.loader._make_batch(self._it, self.timer)
+                if item is None:
+                    item = _END
+            else:
+                while True:
+                    try:
+                        item = self.q.get(timeout=0.1)
+                        break
+                    except queue.Empty:
+                        if not self.thread.is_alive():   # it always leaves an item; be safe anyway
+                            item = _Failure(RuntimeError("loader thread ended without a result"))
+                            break
+        finally:
+            self.wait += time.perf_counter() - t0
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.exc
+        batch, event = item
+        if event is not None:
+            cur = torch.cuda.current_stream(self.loader.device)
+            cur.wait_event(event)
+            for t in _tensors(batch):
+                t.record_stream(cur)
+        self.batches += 1
+        return batch
+
+    def close(self) -> None:
+        """Stop the producer and join its thread (idempotent)."""
+        self.done = True
+        self.stop.set()
+        if self.thread is not None:
+            while self.thread.is_alive():
+                try:                                  # free queued batches (and pinned memory)
+                    while True:
+                        self.q.get_nowait()
+                except queue.Empty:
+                    pass
+                self.thread.join(timeout=0.05)
+            while True:
+                try:
+                    self.q.get_nowait()
+                except queue.Empty:
+                    break
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _tensors(b: Batch):
+    yield b.x
+    yield b.n_id
+    if b.y is not None:
+        yield b.y
+    for edge_index, e_id, _ in b.adjs:
+        yield edge_index
+        if e_id is not None:
+            yield e_id
+
+
+class PipelinedLoader:
+    """Batches of ``node_ids`` (seeds) with their sampled blocks, features and labels on ``device``.
+
+    ``sampler``: a ``NeighborSampler`` (CPU threads) or ``GPUNeighborSampler``; ``features``:
+    a :class:`~torch_direct.pipeline.features.FeatureStore`; ``labels``: node labels indexed
+    by global id (or None). ``prefetch``: batches prepared ahead (the queue bound; 0 runs
+    every stage in the training loop, no thread). ``shuffle``/``generator``/``drop_last``
+    as in a DataLoader. Iterating starts an epoch; see the module docstring for streams,
+    timing, errors and shutdown.
+    """
+
+    def __init__(self, sampler, features: FeatureStore, node_ids, batch_size: int, *, labels=None,
+                 device=None, prefetch: int = 2, shuffle: bool = True, drop_last: bool = False,
+                 generator: torch.Generator | None = None):
+        if not isinstance(features, FeatureStore):
+            raise TypeError(f"PipelinedLoader: features must be a FeatureStore, got {type(features).__name__}")
+        if not hasattr(sampler, "sample"):
+            raise TypeError(f"PipelinedLoader: sampler must have .sample(seeds), got {type(sampler).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"PipelinedLoader: batch_size must be a positive int, got {batch_size!r}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"PipelinedLoader: prefetch must be an int >= 0, got {prefetch!r}")
+        ids = torch.as_tensor(node_ids)
+        if ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 1:
+            raise TypeError(f"PipelinedLoader: node_ids must be a 1-D int tensor, got {ids.dtype} "
+                            f"of shape {tuple(ids.shape)}")
+        self.sampler, self.features = sampler, features
+        self.node_ids = ids.cpu().long()
+        self.labels = None if labels is None else torch.as_tensor(labels)
+        self.batch_size, self.prefetch = batch_size, prefetch
+        self.shuffle, self.drop_last, self.generator = shuffle, drop_last, generator
+        self.device = features.device if device is None else _check_device(device)
+        self.cuda = self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self._epoch: _Epoch | None = None
+        self._last: dict | None = None
+
+    def __len__(self) -> int:
+        n = self.node_ids.numel()
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    # the stages ------------------------------------------------------------------------------------
+    def _seed_batches(self) -> list[torch.Tensor]:
+        ids = self.node_ids
+        if self.shuffle:
+            ids = ids[torch.randperm(ids.numel(), generator=self.generator)]
+        return [ids[i * self.batch_size:(i + 1) * self.batch_size] for i in range(len(self))]
+
+    def _sample_iter(self, seeds):
+        many = getattr(self.sampler, "sample_batches", None)
+        group = max(1, torch.get_num_threads()) if many is not None else 1
+        for first in range(0, len(seeds), group):
+            chunk = seeds[first:first + group]
+            yield from (many(chunk) if many is not None else [self.sampler.sample(s) for s in chunk])
+
+    def _make_batch(self, it, timer: _Timer):
+        """Sample, gather and transfer the next batch; None at the end of the epoch."""
+        stream = self.stream
+        ctx = torch.cuda.stream(stream) if self.cuda else _null()
+        with ctx:
+            t = timer.start(stream)
+            sb = next(it, None)
+            if sb is None:
+                return None
+            timer.stop("sample", t, stream)
+            t = timer.start(stream)
+            x = self.features.gather(sb.n_id, self.device, stream=stream)
+            timer.stop("gather", t, stream)
+            t = timer.start(stream)
+            nb = self.cuda
+            n_id = sb.n_id.to(self.device, non_blocking=nb)
+            adjs = [(ei.to(self.device, non_blocking=nb),
+                     None if e is None else e.to(self.device, non_blocking=nb), size)
+                    for ei, e, size in sb.adjs]
+            y = None
+            if self.labels is not None:
+                seeds = sb.n_id[:sb.batch_size]
+                y = self.labels[seeds.to(self.labels.device)].to(self.device, non_blocking=nb)
+            timer.stop("transfer", t, stream)
+            event = None
+            if self.cuda:
+                event = torch.cuda.Event()
+                event.record(stream)
+        return Batch(x, y, adjs, sb.batch_size, n_id), event
+
+    # epochs ------------------------------------------------------------------------------------------
+    def __iter__(self) -> _Epoch:
+        self._finish_epoch()
+        self._epoch = _Epoch(self)
+        return self._epoch
+
+    def _finish_epoch(self) -> None:
+        ep = self._epoch
+        if ep is not None:
+            ep.close()
+            busy = ep.timer.resolve()
+            total = sum(busy.values())
+            exposed = {k: (ep.wait * v / total if total else 0.0) for k, v in busy.items()}
+            self._last = {"batches": ep.batches, "wait": ep.wait, "busy": busy, "exposed": exposed}
+            self._epoch = None
+
+    def stats(self) -> dict:
+        """Times of the last finished (or stopped) epoch: ``batches``, ``wait`` (seconds the
+        loop waited), ``busy`` and ``exposed`` (seconds per stage). Ends a running epoch."""
+        self._finish_epoch()
+        return dict(self._last) if self._last else {"batches": 0, "wait": 0.0,
+                                                     "busy": dict.fromkeys(STAGES, 0.0),
+                                                     "exposed": dict.fromkeys(STAGES, 0.0)}
+
+    def close(self) -> None:
+        """Stop a running epoch and join its thread."""
+        self._finish_epoch()
+
+    def __enter__(self) -> "PipelinedLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
