@@ -1,11 +1,13 @@
 """python -m torch_direct: a short tour of unified tensors on this machine.
 
     python -m torch_direct demo [--rows N] [--dim D] [--batch B] [--repeats R]
+    python -m torch_direct train [--dataset tiny] [--model sage] [--pipeline unified] ...
 
 Builds a feature table in unified memory (mapped, pinned host memory), gathers
 random mini-batches of rows onto the GPU (or the CPU when no GPU is usable) in
 place, checks them against a CPU gather, and prints the rate and the
-allocator's counters.
+allocator's counters. ``train`` trains a GNN over the pipelined loader
+(``python -m torch_direct train --help``).
 """
 
 from __future__ import annotations
@@ -62,7 +64,13 @@ def main(argv=None) -> int:
     d.add_argument("--dim", type=int, default=128, help="floats per row (default: %(default)s)")
     d.add_argument("--batch", type=int, default=100_000, help="rows per gather (default: %(default)s)")
     d.add_argument("--repeats", type=int, default=20, help="timed gathers (default: %(default)s)")
+    from .pipeline import train
+    t = sub.add_parser("train", help="train a GNN over the pipelined loader", description=train.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_arguments(t)
     args = ap.parse_args(argv)
+    if args.cmd == "train":
+        return train.main(args)
     if args.cmd in (None, "demo"):
         if args.cmd is None:
             args = d.parse_args([])

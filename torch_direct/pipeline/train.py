@@ -1,0 +1,394 @@
+"""``python -m torch_direct train``: mini-batch GNN training over the pipelined loader.
+
+    python -m torch_direct train --dataset tiny --model sage --pipeline unified --epochs 5
+
+Samples neighbourhoods (fanouts per layer), gathers features from the chosen feature store
+(``unified``: zero-copy from pinned host memory, optionally with a GPU cache of hot rows;
+``cpu_centric``: CPU slicing into pinned buffers + DMA; ``gpu_resident``: all features on the
+GPU), overlaps that with training, and prints per epoch the total time, each loader stage's
+exposed time (seconds the training loop waited on it), the training step's time, and the
+train/valid accuracy (valid by sampled inference). At the end: test accuracy by sampled
+inference, and with ``--full-eval`` by full-neighbourhood inference for comparison.
+
+Models: GraphSAGE, GAT and GIN from PyG when torch_geometric is installed; without it a
+built-in GraphSAGE (mean aggregation, plain torch ops) so the command runs anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+MODELS = ("sage", "gat", "gin")
+
+
+def have_pyg() -> bool:
+    import warnings
+    try:
+        with warnings.catch_warnings():  # PyG's import-time deprecation notices are not ours to show
+            warnings.simplefilter("ignore", FutureWarning)
+            import torch_geometric.nn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# -- models ----------------------------------------------------------------------------------------
+
+class SAGELayer(nn.Module):
+    """GraphSAGE with mean aggregation on a bipartite block, in plain torch ops:
+    ``out = W_l mean_{u in N(v)} x_u + W_r x_v``."""
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.lin_l = nn.Linear(in_dim, out_dim)
+        self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
+
+    def forward(self, x, edge_index, size):
+        n_dst = size[1]
+        src, dst = edge_index[0], edge_index[1]
+        agg = torch.zeros(n_dst, x.size(1), dtype=x.dtype, device=x.device).index_add_(0, dst, x[src])
+        deg = torch.bincount(dst, minlength=n_dst).clamp_(min=1).unsqueeze(1).to(x.dtype)
+        return self.lin_l(agg / deg) + self.lin_r(x[:n_dst])
+
+
+class _PyGLayer(nn.Module):
+    """A PyG conv applied to a bipartite block ``(x, x[:n_dst])``, plus an optional skip
+    (GAT without self-loops keeps the target's own features through it)."""
+
+    def __init__(self, conv: nn.Module, skip: nn.Module | None = None):
+        super().__init__()
+        self.conv, self.skip = conv, skip
+
+    def forward(self, x, edge_index, size):
+        x_dst = x[:size[1]]
+        out = self.conv((x, x_dst), edge_index)
+        return out if self.skip is None else out + self.skip(x_dst)
+
+
+def make_layer(model: str, in_dim: int, out_dim: int, last: bool, use_pyg: bool) -> nn.Module:
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}: expected one of {', '.join(MODELS)}")
+    if not use_pyg:
+        if model != "sage":
+            raise RuntimeError(f"--model {model} needs torch_geometric (pip install torch_geometric); "
+                               f"without it only the built-in 'sage' is available")
+        return SAGELayer(in_dim, out_dim)
+    from torch_geometric.nn import GATConv, GINConv, SAGEConv
+    if model == "sage":
+        return _PyGLayer(SAGEConv((in_dim, in_dim), out_dim))
+    if model == "gat":
+        heads = 1 if last or out_dim % 4 else 4
+        conv = GATConv((in_dim, in_dim), out_dim // heads, heads=heads, add_self_loops=False)
+        return _PyGLayer(conv, nn.Linear(in_dim, out_dim, bias=False))
+    mlp = nn.Sequential(nn.Linear(in_dim, out_dim), nn.ReLU(), nn.Linear(out_dim, out_dim))
+    return _PyGLayer(GINConv(mlp, train_eps=True))
+
+
+class GNN(nn.Module):
+    """``num_layers`` message-passing layers over the blocks of a sampled batch
+    (``adjs`` in model order); ReLU and dropout between layers."""
+
+    def __init__(self, model: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
+                 dropout: float = 0.5, use_pyg: bool | None = None):
+        super().__init__()
+        use_pyg = have_pyg() if use_pyg is None else use_pyg
+        dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+        self.layers = nn.ModuleList(make_layer(model, dims[i], dims[i + 1], i == num_layers - 1, use_pyg)
+                                    for i in range(num_layers))
+        self.dropout = dropout
+        self.backend = "pyg" if use_pyg else "builtin"
+
+    def forward(self, x, adjs):
+        if len(adjs) != len(self.layers):
+            raise ValueError(f"GNN: {len(self.layers)} layers but the batch has {len(adjs)} blocks")
+        for i, (edge_index, _, size) in enumerate(adjs):
+            x = self.layers[i](x, edge_index, size)
+            if i < len(self.layers) - 1:
+                x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
+        return x
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+def _fanouts(text: str) -> list[int]:
+    try:
+        out = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints such as 15,10,5, got {text!r}") from None
+    if not out or any(f < -1 or f == 0 for f in out):
+        raise argparse.ArgumentTypeError(f"each fanout is a positive int or -1 (all neighbours), got {text!r}")
+    return out
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+        return v
+    return parse
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``python -m torch_direct train``."""
+    from .features import KINDS
+    p.add_argument("--dataset", default="tiny",
+                   help="a preset (tiny, arxiv-like, products-like, papers100M-like; generated once and "
+                        "cached) or an OGB name such as ogbn-arxiv read from --root (default: %(default)s)")
+    p.add_argument("--root", default=None,
+                   help="data set directory (default: $TORCH_DIRECT_DATA or ~/.cache/torch_direct/datasets)")
+    p.add_argument("--model", choices=MODELS, default="sage",
+                   help="GraphSAGE, GAT or GIN; PyG's layers when torch_geometric is installed, else a "
+                        "built-in GraphSAGE (sage only) (default: %(default)s)")
+    p.add_argument("--layers", choices=("auto", "pyg", "builtin"), default="auto",
+                   help="layer implementation: pyg = torch_geometric's convs, builtin = the plain-torch "
+                        "GraphSAGE (sage only; fast on a CPU), auto = pyg when installed (default: %(default)s)")
+    p.add_argument("--pipeline", choices=KINDS, default="unified",
+                   help="where features come from: unified = zero-copy gather from pinned host memory; "
+                        "cpu_centric = CPU slicing into pinned buffers + DMA; gpu_resident = all features "
+                        "copied to the GPU (default: %(default)s)")
+    p.add_argument("--epochs", type=_positive(int), default=5, help="training epochs (default: %(default)s)")
+    p.add_argument("--batch-size", type=_positive(int), default=1024,
+                   help="seed nodes per mini-batch (default: %(default)s)")
+    p.add_argument("--fanouts", type=_fanouts, default=[15, 10, 5],
+                   help="neighbours sampled per node at each hop from the seeds, comma-separated; one "
+                        "per layer, -1 = all (default: 15,10,5)")
+    p.add_argument("--eval-fanouts", type=_fanouts, default=None,
+                   help="fanouts of sampled inference (default: 20 per layer)")
+    p.add_argument("--eval-batch-size", type=_positive(int), default=4096,
+                   help="seed nodes per inference batch (default: %(default)s)")
+    p.add_argument("--full-eval", action="store_true",
+                   help="also report test accuracy with full neighbourhoods (fanout -1 at every layer)")
+    p.add_argument("--hidden", type=_positive(int), default=256, help="hidden width (default: %(default)s)")
+    p.add_argument("--dropout", type=float, default=0.5, help="dropout between layers (default: %(default)s)")
+    p.add_argument("--lr", type=_positive(float), default=3e-3, help="Adam learning rate (default: %(default)s)")
+    p.add_argument("--device", default=None,
+                   help="cuda[:k] or cpu (default: cuda when a usable GPU is present, else cpu)")
+    p.add_argument("--sampler", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="neighbour sampler: CPU threads, or the GPU reading the unified CSR in place; auto = "
+                        "gpu for the unified and gpu_resident pipelines on a GPU, cpu otherwise")
+    p.add_argument("--cache-mb", type=_nonneg_int, default=0,
+                   help="unified pipeline on a GPU: MiB of GPU memory for the hottest (highest-degree) "
+                        "feature rows (default: %(default)s)")
+    p.add_argument("--prefetch", type=_nonneg_int, default=2,
+                   help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
+    p.add_argument("--seed", type=_nonneg_int, default=0,
+                   help="seed of model init, shuffling and sampling (default: %(default)s)")
+    p.add_argument("--data-seed", type=_nonneg_int, default=0,
+                   help="seed of the synthetic preset (default: %(default)s)")
+    p.add_argument("--threads", type=_positive(int), default=None,
+                   help="CPU threads of torch ops and the CPU sampler (default: torch's, usually one per core)")
+    p.add_argument("--json", metavar="PATH", default=None, help="write a JSON record of the run to PATH")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _resolve_device(name):
+    from .features import _cuda_usable
+    if name is None:
+        return torch.device("cuda", torch.cuda.current_device()) if _cuda_usable() else torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device: not a device name: {name!r}") from None
+    if dev.type == "cuda":
+        if not _cuda_usable():
+            raise ValueError(f"--device {name}: no usable CUDA GPU on this machine")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise ValueError(f"--device must be cuda[:k] or cpu, got {name!r}")
+    return dev
+
+
+class _StepTimer:
+    """Seconds spent in training steps: CUDA events on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.pairs, self.seconds = [], 0.0
+
+    def start(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def stop(self, start):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.pairs.append((start, ev))
+        else:
+            self.seconds += time.perf_counter() - start
+
+    def total(self) -> float:
+        for a, b in self.pairs:
+            b.synchronize()
+            self.seconds += a.elapsed_time(b) / 1e3
+        self.pairs.clear()
+        return self.seconds
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def evaluate(model, loader, device, show: bool, desc: str) -> float:
+    """Accuracy over the loader's seeds (sampled or full-neighbourhood inference)."""
+    from ..graph._progress import progress
+    model.eval()
+    correct = total = 0
+    with progress(len(loader), desc, show) as bar:
+        for b in loader:
+            pred = model(b.x, b.adjs).argmax(1)
+            mask = b.y >= 0
+            correct += int((pred[mask] == b.y[mask]).sum())
+            total += int(mask.sum())
+            bar.update(1)
+    return correct / total if total else float("nan")
+
+
+def run(args) -> dict:
+    """Train as ``args`` (the parsed options) say; print per-epoch lines; return the record."""
+    from ..graph import GPUNeighborSampler, NeighborSampler, load_dataset
+    from ..graph._progress import progress
+    from .features import make_feature_store
+    from .loader import STAGES, PipelinedLoader
+
+    device = _resolve_device(args.device)
+    show = not args.no_progress
+    eval_fanouts = args.eval_fanouts or [20] * len(args.fanouts)
+    if len(eval_fanouts) != len(args.fanouts):
+        raise ValueError(f"--eval-fanouts has {len(eval_fanouts)} entries, --fanouts {len(args.fanouts)}: "
+                         f"one per layer in both")
+    if not 0.0 <= args.dropout < 1.0:
+        raise ValueError(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.cache_mb and args.pipeline != "unified":
+        raise ValueError("--cache-mb applies to --pipeline unified only")
+    if args.pipeline == "gpu_resident" and device.type != "cuda":
+        print("train: gpu_resident on the CPU keeps the features in host memory (no GPU here)", file=sys.stderr)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    ds = load_dataset(args.dataset, root=args.root, seed=args.data_seed, show_progress=show)
+    use_gpu_sampler = args.sampler == "gpu" or (
+        args.sampler == "auto" and device.type == "cuda" and args.pipeline != "cpu_centric")
+    if use_gpu_sampler and device.type != "cuda":
+        raise ValueError("--sampler gpu needs a CUDA device")
+    if use_gpu_sampler:
+        graph = ds.graph.to(device if args.pipeline == "gpu_resident" else "unified")
+        make_sampler = lambda f, s: GPUNeighborSampler(graph, f, seed=s, device=device)  # noqa: E731
+    else:
+        graph = ds.graph
+        make_sampler = lambda f, s: NeighborSampler(graph, f, seed=s)  # noqa: E731
+    store = make_feature_store(args.pipeline, ds.x, device, torch.float32,
+                               cache_bytes=args.cache_mb << 20,
+                               degree=ds.graph.degree() if args.cache_mb else None)
+    labels = ds.y.to(device) if device.type == "cuda" else ds.y
+    gen = torch.Generator().manual_seed(args.seed)
+    train_loader = PipelinedLoader(make_sampler(args.fanouts, args.seed), store, ds.split["train"],
+                                   args.batch_size, labels=labels, device=device, prefetch=args.prefetch,
+                                   generator=gen)
+    eval_loader = lambda ids, f, seed: PipelinedLoader(  # noqa: E731
+        make_sampler(f, seed), store, ids, args.eval_batch_size, labels=labels, device=device,
+        prefetch=args.prefetch, shuffle=False)
+    use_pyg = {"auto": None, "pyg": True, "builtin": False}[args.layers]
+    if use_pyg and not have_pyg():
+        raise ValueError("--layers pyg: torch_geometric is not installed (pip install torch_geometric)")
+    model = GNN(args.model, ds.num_features, args.hidden, ds.num_classes, len(args.fanouts),
+                dropout=args.dropout, use_pyg=use_pyg).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
+              "dataset": repr(ds), "backend": model.backend,
+              "sampler": "gpu" if use_gpu_sampler else "cpu", "epochs": []}
+    print(f"train: {ds!r}\n  model {args.model} ({model.backend}), pipeline {args.pipeline}, device {device}, "
+          f"sampler {record['sampler']}, fanouts {args.fanouts}, batch {args.batch_size}, hidden {args.hidden}",
+          flush=True)
+
+    with train_loader, eval_loader(ds.split["valid"], eval_fanouts, args.seed + 1) as valid_loader:
+        for epoch in range(1, args.epochs + 1):
+            model.train()
+            steps = _StepTimer(device)
+            correct = seen = 0
+            loss_sum = torch.zeros((), device=device)
+            _sync(device)
+            t0 = time.perf_counter()
+            with progress(len(train_loader), f"epoch {epoch}", show) as bar:
+                for b in train_loader:
+                    t = steps.start()
+                    opt.zero_grad(set_to_none=True)
+                    out = model(b.x, b.adjs)
+                    loss = F.cross_entropy(out, b.y, ignore_index=-1)
+                    loss.backward()
+                    opt.step()
+                    loss_sum += loss.detach() * b.batch_size
+                    mask = b.y >= 0
+                    correct += (out.argmax(1)[mask] == b.y[mask]).sum()
+                    seen += b.batch_size
+                    steps.stop(t)
+                    bar.update(1)
+            _sync(device)
+            total = time.perf_counter() - t0
+            st = train_loader.stats()
+            train_s = steps.total()
+            train_acc = float(correct) / seen if seen else float("nan")
+            valid_acc = evaluate(model, valid_loader, device, show, "valid")
+            rec = {"epoch": epoch, "total_s": total, "train_step_s": train_s, "loader_wait_s": st["wait"],
+                   "exposed_s": st["exposed"], "busy_s": st["busy"], "batches": st["batches"],
+                   "loss": float(loss_sum) / seen if seen else float("nan"),
+                   "train_acc": train_acc, "valid_acc": valid_acc}
+            record["epochs"].append(rec)
+            stages = " ".join(f"{k} {st['exposed'][k]:.3f}" for k in STAGES)
+            print(f"epoch {epoch:3d}  total {total:7.3f} s  exposed: {stages}  train-step {train_s:.3f} s  "
+                  f"loss {rec['loss']:.4f}  train acc {train_acc:.4f}  valid acc {valid_acc:.4f}", flush=True)
+
+    with eval_loader(ds.split["test"], eval_fanouts, args.seed + 2) as test_loader:
+        record["test_acc"] = evaluate(model, test_loader, device, show, "test")
+    line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts})"
+    if args.full_eval:
+        with eval_loader(ds.split["test"], [-1] * len(args.fanouts), args.seed + 3) as full_loader:
+            record["test_acc_full"] = evaluate(model, full_loader, device, show, "test (full)")
+        line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
+    record["feature_store"] = store.stats()
+    print(line, flush=True)
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {path}")
+    return record
+
+
+def main(args) -> int:
+    """Entry point of the ``train`` subcommand: clear messages for bad input, exit codes."""
+    try:
+        run(args)
+    except (ValueError, RuntimeError, TypeError, FileNotFoundError) as e:
+        print(f"train: error: {e}", file=sys.stderr)
+        return 2
+    return 0
