@@ -204,21 +204,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _resolve_device(name):
-    from .features import _cuda_usable
+    from .features import _check_device, _cuda_usable
     if name is None:
         return torch.device("cuda", torch.cuda.current_device()) if _cuda_usable() else torch.device("cpu")
     try:
         dev = torch.device(name)
     except RuntimeError:
         raise ValueError(f"--device: not a device name: {name!r}") from None
-    if dev.type == "cuda":
-        if not _cuda_usable():
-            raise ValueError(f"--device {name}: no usable CUDA GPU on this machine")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    elif dev.type != "cpu":
-        raise ValueError(f"--device must be cuda[:k] or cpu, got {name!r}")
-    return dev
+    return _check_device(dev)
 
 
 class _StepTimer:

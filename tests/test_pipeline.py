@@ -1,0 +1,261 @@
+"""Feature stores and the pipelined loader (issue 5, items 3 and 5)."""
+
+import tempfile
+import threading
+import time
+import unittest
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_direct  # noqa: F401
+from common import HAS_GPU, requires_gpu
+from torch_direct.graph import NeighborSampler, load_dataset
+from torch_direct.pipeline import KINDS, PipelinedLoader, make_feature_store, to_pyg
+
+try:
+    import torch_geometric  # noqa: F401
+    HAS_PYG = True
+except ImportError:
+    HAS_PYG = False
+
+
+def _loader_threads():
+    return [t for t in threading.enumerate() if t.name == "torch_direct-loader"]
+
+
+class _Data:
+    ds = None
+
+    @classmethod
+    def get(cls):
+        if cls.ds is None:
+            cls.tmp = tempfile.TemporaryDirectory()
+            cls.ds = load_dataset("tiny", root=cls.tmp.name, show_progress=False)
+        return cls.ds
+
+
+class TestFeatureStores(TestCase):
+    def setUp(self):
+        self.x = torch.randn(500, 12, generator=torch.Generator().manual_seed(0))
+        self.idx = torch.tensor([7, 0, 499, 7, 123])
+
+    def test_every_kind_gathers_rows_on_cpu(self):
+        for kind in KINDS:
+            store = make_feature_store(kind, self.x, "cpu")
+            for idx in (self.idx, self.idx.int(), torch.empty(0, dtype=torch.long)):
+                self.assertEqual(store.gather(idx), self.x[idx.long()], msg=kind)
+            self.assertEqual(store.kind, kind)
+
+    def test_cast_from_half(self):
+        xh = self.x.half()
+        for kind in KINDS:
+            out = make_feature_store(kind, xh, "cpu", torch.float32).gather(self.idx)
+            self.assertEqual(out.dtype, torch.float32)
+            self.assertEqual(out, xh[self.idx].float(), msg=kind)
+
+    def test_unified_table_is_used_in_place(self):
+        u = self.x.to("unified")
+        store = make_feature_store("unified", u, "cpu")
+        self.assertIs(store.table, u)
+        self.assertEqual(store.gather(self.idx), self.x[self.idx])
+        # The other stores accept a unified table too.
+        for kind in ("cpu_centric", "gpu_resident"):
+            self.assertEqual(make_feature_store(kind, u, "cpu").gather(self.idx), self.x[self.idx])
+
+    def test_bad_input(self):
+        with self.assertRaisesRegex(ValueError, "unknown feature store"):
+            make_feature_store("nvme", self.x, "cpu")
+        with self.assertRaisesRegex(ValueError, "unified"):
+            make_feature_store("cpu_centric", self.x, "cpu", cache_bytes=1024)
+        with self.assertRaisesRegex(TypeError, "2-D"):
+            make_feature_store("unified", self.x[0], "cpu")
+        with self.assertRaisesRegex(ValueError, "cpu' or a CUDA"):
+            make_feature_store("unified", self.x, "meta")
+        with self.assertRaisesRegex(ValueError, "cache_bytes"):
+            make_feature_store("unified", self.x, "cpu", cache_bytes=-1)
+        for kind in KINDS:
+            store = make_feature_store(kind, self.x, "cpu")
+            with self.assertRaisesRegex(TypeError, "1-D int32/int64"):
+                store.gather(torch.tensor([0.5]))
+            with self.assertRaises(IndexError):
+                store.gather(torch.tensor([500]))
+
+    @unittest.skipIf(HAS_GPU, "checks the CPU-only message")
+    def test_cuda_device_without_gpu(self):
+        with self.assertRaisesRegex(RuntimeError, "no usable CUDA GPU"):
+            make_feature_store("unified", self.x, "cuda")
+
+    @unittest.skipUnless(HAS_PYG, "torch_geometric is not installed")
+    def test_pyg_adapter(self):
+        fs = to_pyg(make_feature_store("unified", self.x, "cpu"), group_name="paper")
+        self.assertEqual(fs.get_tensor(group_name="paper", attr_name="x", index=self.idx), self.x[self.idx])
+        self.assertEqual(fs.get_tensor(group_name="paper", attr_name="x", index=None), self.x)
+        self.assertEqual(tuple(fs.get_tensor_size(group_name="paper", attr_name="x")), (500, 12))
+        self.assertEqual(len(fs.get_all_tensor_attrs()), 1)
+        with self.assertRaises(Exception):
+            fs.put_tensor(self.x, group_name="paper", attr_name="y")
+
+    @unittest.skipIf(HAS_PYG, "checks the message without torch_geometric")
+    def test_pyg_adapter_without_pyg(self):
+        with self.assertRaisesRegex(ImportError, "torch_geometric"):
+            to_pyg(make_feature_store("unified", self.x, "cpu"))
+
+    @requires_gpu
+    def test_every_kind_gathers_onto_the_gpu_on_a_side_stream(self):
+        s = torch.cuda.Stream()
+        idx = self.idx.cuda()
+        for kind in KINDS:
+            store = make_feature_store(kind, self.x, "cuda")
+            out = store.gather(idx, stream=s)
+            s.synchronize()
+            self.assertEqual(out.device.type, "cuda")
+            self.assertEqual(out.cpu(), self.x[self.idx], msg=kind)
+
+    @requires_gpu
+    def test_gpu_cache_of_hot_rows(self):
+        degree = torch.arange(500)                 # rows 400.. are the hottest
+        row_bytes = 12 * 4
+        store = make_feature_store("unified", self.x, "cuda", cache_bytes=100 * row_bytes, degree=degree)
+        self.assertEqual(store.cache_rows, 100)
+        idx = torch.tensor([450, 3, 499, 400, 399, 0, 450]).cuda()
+        self.assertEqual(store.gather(idx).cpu(), self.x[idx.cpu()])
+        self.assertEqual(store.stats()["cache_hit_rate"], 4 / 7)
+        with self.assertRaisesRegex(ValueError, "degree"):
+            make_feature_store("unified", self.x, "cuda", cache_bytes=1024)
+
+
+class _ListSampler:
+    """Counts calls; raises on call ``fail_at`` (to test error propagation)."""
+
+    def __init__(self, inner, fail_at=None, delay=0.0):
+        self.inner, self.fail_at, self.delay = inner, fail_at, delay
+        self.calls = 0
+
+    def sample(self, seeds):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KeyError("sampler broke on purpose")
+        time.sleep(self.delay)
+        return self.inner.sample(seeds)
+
+
+class TestPipelinedLoader(TestCase):
+    def setUp(self):
+        self.ds = _Data.get()
+        self.sampler = NeighborSampler(self.ds.graph, [5, 3])
+        self.store = make_feature_store("unified", self.ds.x, "cpu")
+        self.ids = self.ds.split["train"]
+
+    def tearDown(self):
+        self.assertEqual(_loader_threads(), [])
+
+    def loader(self, sampler=None, **kw):
+        kw.setdefault("labels", self.ds.y)
+        return PipelinedLoader(sampler or self.sampler, self.store, self.ids, 128, **kw)
+
+    def test_batches_are_complete_and_correct(self):
+        for prefetch in (0, 1, 3):
+            with self.loader(prefetch=prefetch) as loader:
+                seen = []
+                for b in loader:
+                    self.assertEqual(b.x, self.ds.x[b.n_id])
+                    self.assertEqual(b.y, self.ds.y[b.n_id[:b.batch_size]])
+                    self.assertEqual(b.adjs[-1][2][1], b.batch_size)
+                    seen.append(b.n_id[:b.batch_size])
+                self.assertEqual(torch.cat(seen).sort().values, self.ids.sort().values)
+                self.assertEqual(len(seen), len(loader))
+                st = loader.stats()
+                self.assertEqual(st["batches"], len(seen))
+                self.assertEqual(set(st["busy"]), {"sample", "gather", "transfer"})
+                self.assertGreater(st["busy"]["sample"], 0)
+                self.assertLessEqual(sum(st["exposed"].values()), st["wait"] + 1e-9)
+
+    def test_same_batches_with_and_without_prefetch(self):
+        def epoch(prefetch):
+            sampler = NeighborSampler(self.ds.graph, [5, 3], seed=3)
+            with self.loader(sampler, prefetch=prefetch, generator=torch.Generator().manual_seed(1)) as ld:
+                return [b.n_id for b in ld]
+        a, b = epoch(0), epoch(2)
+        self.assertEqual(len(a), len(b))
+        for u, v in zip(a, b):
+            self.assertEqual(u, v)
+
+    def test_stopping_an_epoch_early_leaves_no_thread(self):
+        loader = self.loader(prefetch=2)
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break
+        self.assertEqual(len(_loader_threads()), 1)   # still prefetching until stopped
+        loader.close()
+        self.assertEqual(_loader_threads(), [])
+        # A new epoch stops the previous one as well.
+        it = iter(loader)
+        next(it)
+        it2 = iter(loader)
+        self.assertTrue(it.done)
+        self.assertEqual(len(list(it2)), len(loader))
+        self.assertEqual(_loader_threads(), [])
+        with self.loader(prefetch=2) as ld:
+            next(iter(ld))
+        self.assertEqual(_loader_threads(), [])
+
+    def test_worker_error_surfaces_in_the_loop(self):
+        for prefetch in (0, 2):
+            sampler = _ListSampler(self.sampler, fail_at=3)
+            with self.loader(sampler, prefetch=prefetch) as loader:
+                got = 0
+                with self.assertRaisesRegex(KeyError, "on purpose"):
+                    for _ in loader:
+                        got += 1
+                self.assertEqual(got, 2)
+            self.assertEqual(_loader_threads(), [])
+
+    def test_queue_is_bounded(self):
+        sampler = _ListSampler(self.sampler)
+        with self.loader(sampler, prefetch=2) as loader:
+            it = iter(loader)
+            next(it)
+            time.sleep(0.3)
+            self.assertLessEqual(sampler.calls, 1 + 2 + 1)   # in hand + queued + one being put
+            self.assertLess(sampler.calls, len(loader))
+
+    def test_slow_sampler_is_exposed(self):
+        sampler = _ListSampler(self.sampler, delay=0.02)
+        with self.loader(sampler, prefetch=1) as loader:
+            n = sum(1 for _ in loader)
+            st = loader.stats()
+        self.assertGreaterEqual(st["busy"]["sample"], 0.02 * n * 0.9)
+        self.assertGreater(st["exposed"]["sample"], st["exposed"]["transfer"])
+
+    def test_bad_arguments(self):
+        with self.assertRaisesRegex(ValueError, "batch_size"):
+            PipelinedLoader(self.sampler, self.store, self.ids, 0)
+        with self.assertRaisesRegex(ValueError, "prefetch"):
+            PipelinedLoader(self.sampler, self.store, self.ids, 8, prefetch=-1)
+        with self.assertRaisesRegex(TypeError, "FeatureStore"):
+            PipelinedLoader(self.sampler, self.ds.x, self.ids, 8)
+        with self.assertRaisesRegex(TypeError, "sample"):
+            PipelinedLoader(object(), self.store, self.ids, 8)
+        with self.assertRaisesRegex(TypeError, "node_ids"):
+            PipelinedLoader(self.sampler, self.store, self.ids.float(), 8)
+
+    @requires_gpu
+    def test_gpu_batches_on_a_side_stream(self):
+        from torch_direct.graph import GPUNeighborSampler
+        for kind in KINDS:
+            store = make_feature_store(kind, self.ds.x, "cuda")
+            gs = GPUNeighborSampler(self.ds.graph.to("unified"), [5, 3])
+            with PipelinedLoader(gs, store, self.ids, 128, labels=self.ds.y.cuda(), prefetch=2) as loader:
+                self.assertIsNotNone(loader.stream)
+                n = 0
+                for b in loader:
+                    self.assertEqual(b.x.device.type, "cuda")
+                    self.assertEqual(b.x.cpu(), self.ds.x[b.n_id.cpu()])
+                    n += 1
+                self.assertEqual(n, len(loader))
+                self.assertGreater(loader.stats()["busy"]["gather"], 0)
+
+
+if __name__ == "__main__":
+    run_tests()
