@@ -1,0 +1,140 @@
+"""python -m torch_direct train (issue 5, item 6)."""
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+import threading
+import unittest
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_direct  # noqa: F401
+from common import requires_gpu
+from torch_direct.__main__ import main
+from torch_direct.graph import load_dataset
+from torch_direct.pipeline import train
+
+try:
+    import torch_geometric  # noqa: F401
+    HAS_PYG = True
+except ImportError:
+    HAS_PYG = False
+
+# Small and fast: one CPU thread (a busy 2-core CI machine oversubscribes torch's pool),
+# the plain-torch layers, a narrow model, no progress bars.
+FAST = ["--threads", "1", "--layers", "builtin", "--hidden", "64", "--batch-size", "256",
+        "--no-progress"]
+
+
+class TestTrain(TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.root = cls.tmp.name
+        cls.ds = load_dataset("tiny", root=cls.root, show_progress=False)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def setUp(self):
+        self.threads = torch.get_num_threads()
+
+    def tearDown(self):
+        torch.set_num_threads(self.threads)
+        self.assertEqual([t for t in threading.enumerate() if t.name == "torch_direct-loader"], [])
+
+    def args(self, *extra):
+        from argparse import ArgumentParser
+        p = ArgumentParser()
+        train.add_arguments(p)
+        return p.parse_args(["--root", self.root, *FAST, *extra])
+
+    def quiet_run(self, *extra):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rec = train.run(self.args(*extra))
+        return rec, out.getvalue()
+
+    def test_learns_tiny_well_above_chance(self):
+        rec, out = self.quiet_run("--epochs", "8", "--seed", "0", "--full-eval")
+        y = self.ds.y[self.ds.split["test"]]
+        majority = torch.bincount(y).max().item() / y.numel()
+        self.assertGreater(rec["test_acc"], max(0.6, 2 * majority))
+        self.assertGreater(rec["epochs"][-1]["valid_acc"], max(0.6, 2 * majority))
+        self.assertGreater(rec["epochs"][-1]["train_acc"], rec["epochs"][0]["train_acc"])
+        self.assertLess(abs(rec["test_acc_full"] - rec["test_acc"]), 0.05)
+        self.assertEqual(len(rec["epochs"]), 8)
+        for line in ("epoch   1  total", "exposed: sample", "valid acc", "test acc", "full neighbourhoods"):
+            self.assertIn(line, out)
+
+    def test_pipelines_agree_for_a_seed(self):
+        accs = {}
+        for kind in ("unified", "cpu_centric", "gpu_resident"):
+            rec, _ = self.quiet_run("--epochs", "1", "--pipeline", kind)
+            accs[kind] = (rec["epochs"][0]["loss"], rec["test_acc"])
+        self.assertEqual(len(set(accs.values())), 1, msg=str(accs))
+
+    def test_json_record(self):
+        path = os.path.join(self.root, "out", "run.json")
+        self.quiet_run("--epochs", "1", "--json", path, "--prefetch", "0")
+        rec = json.loads(open(path).read())
+        self.assertEqual(rec["args"]["pipeline"], "unified")
+        self.assertEqual(rec["device"], "cpu")
+        self.assertEqual(rec["backend"], "builtin")
+        e = rec["epochs"][0]
+        for k in ("total_s", "train_step_s", "loader_wait_s", "loss", "train_acc", "valid_acc"):
+            self.assertIn(k, e)
+        self.assertEqual(set(e["exposed_s"]), {"sample", "gather", "transfer"})
+        self.assertIn("test_acc", rec)
+
+    def test_cli_help_and_bad_input(self):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), self.assertRaises(SystemExit) as cm:
+            main(["train", "--help"])
+        self.assertEqual(cm.exception.code, 0)
+        for opt in ("--pipeline", "--fanouts", "--model", "--json", "--device", "--cache-mb", "--prefetch"):
+            self.assertIn(opt, out.getvalue())
+        for bad in (["--fanouts", "15,x"], ["--fanouts", "0"], ["--epochs", "0"], ["--model", "gcn"],
+                    ["--pipeline", "nvme"], ["--batch-size", "-3"]):
+            with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as cm:
+                main(["train", *bad])
+            self.assertEqual(cm.exception.code, 2, msg=str(bad))
+        for bad, msg in ((["--dataset", "nope"], "unknown data set"),
+                         (["--eval-fanouts", "20,20"], "one per layer"),
+                         (["--device", "tpu"], "not a device"),
+                         (["--cache-mb", "8", "--pipeline", "cpu_centric"], "unified only")):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                code = main(["train", "--root", self.root, *FAST, *bad])
+            self.assertEqual(code, 2, msg=str(bad))
+            self.assertIn(msg, err.getvalue())
+
+    def test_builtin_layers_need_sage(self):
+        with self.assertRaisesRegex(RuntimeError, "torch_geometric"):
+            train.make_layer("gat", 8, 8, False, use_pyg=False)
+        with self.assertRaisesRegex(ValueError, "unknown model"):
+            train.make_layer("gcn", 8, 8, False, use_pyg=False)
+
+    @unittest.skipUnless(HAS_PYG, "torch_geometric is not installed")
+    def test_pyg_models_train(self):
+        for model in train.MODELS:
+            rec, _ = self.quiet_run("--epochs", "1", "--layers", "pyg", "--model", model, "--hidden", "16",
+                                    "--fanouts", "5,5", "--batch-size", "512")
+            self.assertEqual(rec["backend"], "pyg")
+            self.assertGreater(rec["test_acc"], 0.0)
+
+    @requires_gpu
+    def test_gpu_pipelines(self):
+        for kind in ("unified", "cpu_centric", "gpu_resident"):
+            extra = ["--cache-mb", "1"] if kind == "unified" else []
+            rec, _ = self.quiet_run("--epochs", "2", "--pipeline", kind, "--device", "cuda", *extra)
+            self.assertTrue(rec["device"].startswith("cuda"))
+            self.assertGreater(rec["test_acc"], 0.3)
+
+
+if __name__ == "__main__":
+    run_tests()
