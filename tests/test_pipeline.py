@@ -1,5 +1,6 @@
 """Feature stores and the pipelined loader (issue 5, items 3 and 5)."""
 
+import gc
 import tempfile
 import threading
 import time
@@ -198,6 +199,17 @@ class TestPipelinedLoader(TestCase):
         self.assertEqual(_loader_threads(), [])
         with self.loader(prefetch=2) as ld:
             next(iter(ld))
+        self.assertEqual(_loader_threads(), [])
+
+    def test_dropping_the_loader_stops_its_thread(self):
+        loader = self.loader(prefetch=2)
+        it = iter(loader)
+        next(it)
+        del it, loader
+        gc.collect()
+        deadline = time.monotonic() + 5
+        while _loader_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
         self.assertEqual(_loader_threads(), [])
 
     def test_worker_error_surfaces_in_the_loop(self):

@@ -15,14 +15,15 @@ consumer's stream waits for that event, and every tensor of the batch gets ``rec
 of the consumer's stream, so the caching allocator cannot hand its memory to the producer
 while the training step still reads it.
 
-Stage times: ``busy`` is the time each stage took in the producer (CUDA events on GPU,
-``perf_counter`` on CPU), ``wait`` the time the training loop stood waiting for a batch (the
+Stage times: ``busy`` is the time each stage took in the producer (on a GPU the longer of its
+host time and its stream time between CUDA events; ``perf_counter`` on the CPU), ``wait`` the time the training loop stood waiting for a batch (the
 loader's exposed time); ``exposed`` splits ``wait`` over the stages in proportion to their busy
 time (with ``prefetch=0`` the stages run in the loop itself and all of their time is exposed).
 
 An exception in the producer is raised again in the training loop (from ``next``). Breaking out
-of an epoch, starting a new one, ``close()`` and leaving the ``with`` block all stop the
-producer and join its thread.
+of an epoch and then starting a new one, ``close()`` or leaving the ``with`` block stop the
+producer and join its thread (a broken-off epoch keeps prefetching until one of those);
+dropping the loader stops it too. Stopping drops the queued batches, pinned buffers included.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -59,80 +61,87 @@ class _Failure:
 
 
 class _Timer:
-    """Per-stage busy time: CUDA events on a stream (resolved lazily), else perf_counter."""
+    """Per-stage busy time. On the CPU: ``perf_counter``. On CUDA: the longer of the host
+    time and the stream time between two CUDA events (read at the end of the epoch), so a
+    stage counts its CPU work (sampling threads, CPU slicing) and its GPU work alike."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
         self.seconds = dict.fromkeys(STAGES, 0.0)
-        self.events: list[tuple[str, object, object]] = []
+        self.events: list = []
 
     def start(self, stream):
+        ev = None
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record(stream)
-            return ev
-        return time.perf_counter()
+        return ev, time.perf_counter()
 
     def stop(self, stage: str, start, stream) -> None:
+        ev0, t0 = start
+        host = time.perf_counter() - t0
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record(stream)
-            self.events.append((stage, start, ev))
+            self.events.append((stage, ev0, ev, host))
         else:
-            self.seconds[stage] += time.perf_counter() - start
+            self.seconds[stage] += host
 
     def resolve(self) -> dict:
-        for stage, a, b in self.events:
+        for stage, a, b, host in self.events:
             b.synchronize()
-            self.seconds[stage] += a.elapsed_time(b) / 1e3
+            self.seconds[stage] += max(host, a.elapsed_time(b) / 1e3)
         self.events.clear()
         return dict(self.seconds)
 
 
-class _Epoch:
-    """The iterator of one epoch (see :class:`PipelinedLoader`)."""
+def _produce(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: threading.Event) -> None:
+    """The producer thread's body. It holds no reference to the epoch or the loader, so
+    dropping those (without close()) still stops it: a finalizer sets ``stop``."""
 
-    def __init__(self, loader: "PipelinedLoader"):
-        self.loader = loader
-        self.timer = _Timer(loader.cuda)
-        self.wait = 0.0
-        self.batches = 0
-        self.done = False
-        seeds = loader._seed_batches()
-        self.num_batches = len(seeds)
-        self._it = loader._sample_iter(seeds)
-        self.stop = threading.Event()
-        self.thread = None
-        if loader.prefetch > 0:
-            self.q: queue.Queue = queue.Queue(maxsize=loader.prefetch)
-            self.thread = threading.Thread(target=self._produce, name="torch_direct-loader", daemon=True)
-            self.thread.start()
-
-    # producer side -------------------------------------------------------------------------------
-    def _put(self, item) -> bool:
-        while not self.stop.is_set():
+    def put(item) -> bool:
+        while not stop.is_set():
             try:
-                self.q.put(item, timeout=0.05)
+                q.put(item, timeout=0.05)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def _produce(self) -> None:
-        try:
-            if self.loader.cuda:
-                torch.cuda.set_device(self.loader.device)
-            while not self.stop.is_set():
-                item = self.loader._make_batch(self._it, self.timer)
-                if item is None:
-                    break
-                if not self._put(item):
-                    return
-            self._put(_END)
-        except BaseException as e:  # noqa: BLE001 - handed to the training loop
-            self._put(_Failure(e))
+    try:
+        if stages.cuda:
+            torch.cuda.set_device(stages.device)
+        while not stop.is_set():
+            item = stages.make_batch(it, timer)
+            if item is None:
+                break
+            if not put(item):
+                return
+        put(_END)
+    except BaseException as e:  # noqa: BLE001 - handed to the training loop
+        put(_Failure(e))
 
-    # consumer side -------------------------------------------------------------------------------
+
+class _Epoch:
+    """The iterator of one epoch (see :class:`PipelinedLoader`)."""
+
+    def __init__(self, stages: "_Stages", seeds: list, prefetch: int):
+        self.stages = stages
+        self.timer = _Timer(stages.cuda)
+        self.wait = 0.0
+        self.batches = 0
+        self.done = False
+        self.num_batches = len(seeds)
+        self._it = stages.sample_iter(seeds)
+        self.stop = threading.Event()
+        self.thread = None
+        if prefetch > 0:
+            self.q: queue.Queue = queue.Queue(maxsize=prefetch)
+            self.thread = threading.Thread(target=_produce, name="torch_direct-loader", daemon=True,
+                                           args=(stages, self._it, self.timer, self.q, self.stop))
+            weakref.finalize(self, self.stop.set)
+            self.thread.start()
+
     def __iter__(self):
         return self
 
@@ -145,7 +154,7 @@ class _Epoch:
         t0 = time.perf_counter()
         try:
             if self.thread is None:
-                item = self.loader._make_batch(self._it, self.timer)
+                item = self.stages.make_batch(self._it, self.timer)
                 if item is None:
                     item = _END
             else:
@@ -167,7 +176,7 @@ class _Epoch:
             raise item.exc
         batch, event = item
         if event is not None:
-            cur = torch.cuda.current_stream(self.loader.device)
+            cur = torch.cuda.current_stream(self.stages.device)
             cur.wait_event(event)
             for t in _tensors(batch):
                 t.record_stream(cur)
@@ -192,12 +201,6 @@ class _Epoch:
                 except queue.Empty:
                     break
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
-
 
 def _tensors(b: Batch):
     yield b.x
@@ -208,6 +211,52 @@ def _tensors(b: Batch):
         yield edge_index
         if e_id is not None:
             yield e_id
+
+
+class _Stages:
+    """What the producer needs to make a batch: sampler, store, labels, device, side stream."""
+
+    def __init__(self, sampler, features, labels, device, stream):
+        self.sampler, self.features, self.labels = sampler, features, labels
+        self.device, self.stream = device, stream
+        self.cuda = device.type == "cuda"
+
+    def sample_iter(self, seeds):
+        many = getattr(self.sampler, "sample_batches", None)
+        group = max(1, torch.get_num_threads()) if many is not None else 1
+        for first in range(0, len(seeds), group):
+            chunk = seeds[first:first + group]
+            yield from (many(chunk) if many is not None else [self.sampler.sample(s) for s in chunk])
+
+    def make_batch(self, it, timer: _Timer):
+        """Sample, gather and transfer the next batch; None at the end of the epoch."""
+        stream = self.stream
+        ctx = torch.cuda.stream(stream) if self.cuda else _null()
+        with ctx:
+            t = timer.start(stream)
+            sb = next(it, None)
+            if sb is None:
+                return None
+            timer.stop("sample", t, stream)
+            t = timer.start(stream)
+            x = self.features.gather(sb.n_id, self.device, stream=stream)
+            timer.stop("gather", t, stream)
+            t = timer.start(stream)
+            nb = self.cuda
+            n_id = sb.n_id.to(self.device, non_blocking=nb)
+            adjs = [(ei.to(self.device, non_blocking=nb),
+                     None if e is None else e.to(self.device, non_blocking=nb), size)
+                    for ei, e, size in sb.adjs]
+            y = None
+            if self.labels is not None:
+                seeds = sb.n_id[:sb.batch_size]
+                y = self.labels[seeds.to(self.labels.device)].to(self.device, non_blocking=nb)
+            timer.stop("transfer", t, stream)
+            event = None
+            if self.cuda:
+                event = torch.cuda.Event()
+                event.record(stream)
+        return Batch(x, y, adjs, sb.batch_size, n_id), event
 
 
 class PipelinedLoader:
@@ -244,6 +293,7 @@ class PipelinedLoader:
         self.device = features.device if device is None else _check_device(device)
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self._stages = _Stages(sampler, features, self.labels, self.device, self.stream)
         self._epoch: _Epoch | None = None
         self._last: dict | None = None
 
@@ -258,47 +308,10 @@ class PipelinedLoader:
             ids = ids[torch.randperm(ids.numel(), generator=self.generator)]
         return [ids[i * self.batch_size:(i + 1) * self.batch_size] for i in range(len(self))]
 
-    def _sample_iter(self, seeds):
-        many = getattr(self.sampler, "sample_batches", None)
-        group = max(1, torch.get_num_threads()) if many is not None else 1
-        for first in range(0, len(seeds), group):
-            chunk = seeds[first:first + group]
-            yield from (many(chunk) if many is not None else [self.sampler.sample(s) for s in chunk])
-
-    def _make_batch(self, it, timer: _Timer):
-        """Sample, gather and transfer the next batch; None at the end of the epoch."""
-        stream = self.stream
-        ctx = torch.cuda.stream(stream) if self.cuda else _null()
-        with ctx:
-            t = timer.start(stream)
-            sb = next(it, None)
-            if sb is None:
-                return None
-            timer.stop("sample", t, stream)
-            t = timer.start(stream)
-            x = self.features.gather(sb.n_id, self.device, stream=stream)
-            timer.stop("gather", t, stream)
-            t = timer.start(stream)
-            nb = self.cuda
-            n_id = sb.n_id.to(self.device, non_blocking=nb)
-            adjs = [(ei.to(self.device, non_blocking=nb),
-                     None if e is None else e.to(self.device, non_blocking=nb), size)
-                    for ei, e, size in sb.adjs]
-            y = None
-            if self.labels is not None:
-                seeds = sb.n_id[:sb.batch_size]
-                y = self.labels[seeds.to(self.labels.device)].to(self.device, non_blocking=nb)
-            timer.stop("transfer", t, stream)
-            event = None
-            if self.cuda:
-                event = torch.cuda.Event()
-                event.record(stream)
-        return Batch(x, y, adjs, sb.batch_size, n_id), event
-
     # epochs ------------------------------------------------------------------------------------------
     def __iter__(self) -> _Epoch:
         self._finish_epoch()
-        self._epoch = _Epoch(self)
+        self._epoch = _Epoch(self._stages, self._seed_batches(), self.prefetch)
         return self._epoch
 
     def _finish_epoch(self) -> None:
