@@ -12,7 +12,7 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 import torch_direct  # noqa: F401
 from common import HAS_GPU, requires_gpu
 from torch_direct.graph import NeighborSampler, load_dataset
-from torch_direct.pipeline import KINDS, PipelinedLoader, make_feature_store, to_pyg
+from torch_direct.pipeline import KINDS, PipelinedLoader, make_feature_store, to_pyg, to_pyg_graph_store
 
 try:
     import torch_geometric  # noqa: F401
@@ -97,10 +97,32 @@ class TestFeatureStores(TestCase):
         with self.assertRaises(Exception):
             fs.put_tensor(self.x, group_name="paper", attr_name="y")
 
+    @unittest.skipUnless(HAS_PYG, "torch_geometric is not installed")
+    def test_pyg_graph_store(self):
+        from torch_direct.graph import CSRGraph
+        ei = torch.tensor([[0, 1, 2, 2, 3, 4], [1, 2, 0, 1, 0, 3]])
+        g = CSRGraph.from_edge_index(ei, 5)
+        for graph in (g, g.to("unified")):
+            gs = to_pyg_graph_store(graph)
+            row, colptr = gs.get_edge_index(edge_type=None, layout="csc")
+            self.assertEqual(colptr, g.rowptr)
+            self.assertEqual(row, g.col.long())
+            src, dst = gs.get_edge_index(edge_type=None, layout="coo")
+            self.assertEqual(torch.stack([src, dst]), g.to_edge_index())
+            rowptr, col = gs.get_edge_index(edge_type=None, layout="csr")
+            pairs = sorted(zip(src.tolist(), dst.tolist()))
+            got = [(s, int(c)) for s in range(5) for c in col[rowptr[s]:rowptr[s + 1]]]
+            self.assertEqual(sorted(got), pairs)
+            self.assertEqual([a.size for a in gs.get_all_edge_attrs()], [(5, 5)])
+        with self.assertRaisesRegex(TypeError, "CSRGraph"):
+            to_pyg_graph_store(ei)
+
     @unittest.skipIf(HAS_PYG, "checks the message without torch_geometric")
     def test_pyg_adapter_without_pyg(self):
         with self.assertRaisesRegex(ImportError, "torch_geometric"):
             to_pyg(make_feature_store("unified", self.x, "cpu"))
+        with self.assertRaisesRegex(ImportError, "torch_geometric"):
+            to_pyg_graph_store(None)
 
     @requires_gpu
     def test_every_kind_gathers_onto_the_gpu_on_a_side_stream(self):
