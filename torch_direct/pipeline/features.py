@@ -137,6 +137,7 @@ class UnifiedFeatureStore(FeatureStore):
                 self.slot = torch.full((self.num_rows,), -1, dtype=torch.int32, device=self.device)
                 self.slot[hot] = torch.arange(k, dtype=torch.int32, device=self.device)
                 self.cache_rows = k
+                torch.cuda.synchronize(self.device)   # gathers on side streams read the cache
 
     def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
         import torch_direct
@@ -206,7 +207,9 @@ class GPUResidentFeatureStore(FeatureStore):
         if x.device.type == "unified":
             from torch_direct import _C
             x = _C._as_cpu_alias(x)
-        self.table = x.to(self.device).to(self.dtype)
+        self.table = x.to(self.device)          # in its own dtype: rows are cast as gathered
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)   # gathers on side streams read the table
 
     def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
         device = self.device if device is None else _check_device(device)
@@ -214,7 +217,7 @@ class GPUResidentFeatureStore(FeatureStore):
             raise ValueError(f"GPUResidentFeatureStore: the table is on {self.device}, asked for {device}")
         n_id = _check_index(n_id, self.num_rows)
         with _stream_ctx(stream, device):
-            return torch.index_select(self.table, 0, n_id.to(device, non_blocking=True))
+            return torch.index_select(self.table, 0, n_id.to(device, non_blocking=True)).to(self.dtype)
 
 
 def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, cache_bytes: int = 0,
