@@ -80,7 +80,9 @@ class TestTrain(TestCase):
 
     def test_json_record(self):
         path = os.path.join(self.root, "out", "run.json")
-        self.quiet_run("--epochs", "1", "--json", path, "--prefetch", "0")
+        svg = os.path.join(self.root, "out", "run.svg")
+        self.quiet_run("--epochs", "2", "--json", path, "--prefetch", "0", "--plot", svg)
+        self.assertTrue(open(svg).read().startswith("<svg"))
         rec = json.loads(open(path).read())
         self.assertEqual(rec["args"]["pipeline"], "unified")
         self.assertEqual(rec["device"], "cpu")
@@ -96,7 +98,7 @@ class TestTrain(TestCase):
         with contextlib.redirect_stdout(out), self.assertRaises(SystemExit) as cm:
             main(["train", "--help"])
         self.assertEqual(cm.exception.code, 0)
-        for opt in ("--pipeline", "--fanouts", "--model", "--json", "--device", "--cache-mb", "--prefetch"):
+        for opt in ("--pipeline", "--fanouts", "--model", "--json", "--plot", "--device", "--cache-mb", "--prefetch"):
             self.assertIn(opt, out.getvalue())
         for bad in (["--fanouts", "15,x"], ["--fanouts", "0"], ["--epochs", "0"], ["--model", "gcn"],
                     ["--pipeline", "nvme"], ["--batch-size", "-3"]):

@@ -200,6 +200,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive(int), default=None,
                    help="CPU threads of torch ops and the CPU sampler (default: torch's, usually one per core)")
     p.add_argument("--json", metavar="PATH", default=None, help="write a JSON record of the run to PATH")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="write an SVG of the run to PATH: per-epoch time by stage, accuracy curves")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -374,6 +376,9 @@ def run(args) -> dict:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {path}")
+    if args.plot:
+        from .plot import write_plot
+        print(f"wrote {write_plot(record, args.plot)}")
     return record
 
 
