@@ -115,6 +115,19 @@ class TestTrain(TestCase):
             self.assertEqual(code, 2, msg=str(bad))
             self.assertIn(msg, err.getvalue())
 
+    def test_layerwise_inference_equals_full_neighbourhood_batches(self):
+        from torch_direct.graph import NeighborSampler
+        from torch_direct.pipeline import PipelinedLoader, make_feature_store
+        torch.manual_seed(0)
+        ds = self.ds
+        model = train.GNN("sage", ds.num_features, 16, ds.num_classes, 2, use_pyg=False).eval()
+        store = make_feature_store("unified", ds.x, "cpu")
+        logits = train.layerwise_inference(model, ds.graph, store, torch.device("cpu"), chunk=700)
+        ids = ds.split["test"][:300]
+        with PipelinedLoader(NeighborSampler(ds.graph, [-1, -1]), store, ids, 100, shuffle=False) as ld:
+            for b in ld:
+                self.assertEqual(model(b.x, b.adjs), logits[b.n_id[:b.batch_size]], atol=1e-4, rtol=1e-4)
+
     def test_builtin_layers_need_sage(self):
         with self.assertRaisesRegex(RuntimeError, "torch_geometric"):
             train.make_layer("gat", 8, 8, False, use_pyg=False)
