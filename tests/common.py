@@ -1,4 +1,6 @@
-"""Shared test helpers: one place that says when a GPU test can run and why not."""
+"""Shared test helpers: when a GPU test can run and why not, and which vehicle
+gives the unified device (the same tests run on the extension and on a fork
+wheel; docs/fork.md)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,17 @@ NO_GPU_REASON = (
 )
 
 requires_gpu = unittest.skipUnless(HAS_GPU, NO_GPU_REASON)
+
+# "extension" (PrivateUse1 renamed on stock torch) or "fork" (native device).
+VEHICLE = torch_direct.vehicle()
+IS_FORK = VEHICLE == "fork"
+# The dispatch key unified kernels are registered under.
+UNIFIED_DISPATCH_KEY = "Unified" if IS_FORK else "PrivateUse1"
+
+
+def extension_only(why: str):
+    """Skip on a fork wheel a test of something only the extension has (`why`)."""
+    return unittest.skipIf(IS_FORK, f"extension only: {why}")
 
 
 def compute_device() -> torch.device:

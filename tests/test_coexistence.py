@@ -8,7 +8,7 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct  # noqa: F401
-from common import requires_gpu
+from common import extension_only, requires_gpu
 
 PROBE = textwrap.dedent("""
     import json, sys, torch
@@ -38,6 +38,7 @@ class TestCoexistence(TestCase):
         self.assertEqual(probe("with"), probe("without"))
         self.assertNotEqual(str(torch.accelerator.current_accelerator()), "unified")
 
+    @extension_only("the fork registers no PrivateUse1 backend, so it needs no accelerator hook")
     def test_accelerator_hook_installed(self):
         from torch_direct import _backend
         # x86-64 Linux builds of libtorch call getAccelerator() through PLT slots.

@@ -234,5 +234,80 @@ class TestUpstreamTestList(TestCase):
             self.assertTrue(reason.strip(), f"skip without a reason: {s}")
 
 
+FAKE_FORK = """
+import sys, types
+import torch
+# Stand in for a fork wheel: "unified" parses, torch._C._unified exists, and
+# PrivateUse1 keeps its default name (the fork does not rename it).
+torch.utils.rename_privateuse1_backend("unified")
+calls = []
+torch._C._unified = types.SimpleNamespace(**{
+    n: (lambda n: lambda *a: calls.append(n) or {"allocated_bytes": 0})(n)
+    for n in ("_memory_stats", "_empty_cache", "_reset_peak", "_cuda_available",
+              "_pin_inplace", "_pinned_owner", "_share", "_from_shared", "_block_kind",
+              "_is_mapped", "_map_for_gpu", "_as_cuda_alias", "_as_cpu_alias",
+              "_gather_rows_cpu")})
+real_name = torch._C._get_privateuse1_backend_name
+torch._C._get_privateuse1_backend_name = lambda: "privateuseone"
+import torch_direct
+torch._C._get_privateuse1_backend_name = real_name
+from torch_direct import _backend
+assert torch_direct.vehicle() == "fork", torch_direct.vehicle()
+assert isinstance(torch_direct._C, _backend._ForkC), type(torch_direct._C)
+assert sys.modules["torch_direct._C"] is torch_direct._C
+assert _backend.ACCELERATOR_HOOK_SLOTS == 0
+assert not hasattr(torch.Tensor, "is_unified"), "registered PrivateUse1 methods on a fork"
+assert dict(torch_direct.memory_stats()) == {"allocated_bytes": 0}
+assert calls == ["_memory_stats"], calls
+try:
+    torch_direct._C._sampler_uniform_below
+except AttributeError as e:
+    assert "fork wheel" in str(e), e
+else:
+    raise AssertionError("an extension-only name resolved on the fork")
+print("fork-ok")
+"""
+
+
+class TestVehicle(TestCase):
+    """torch_direct detects a native Unified device (fork wheel) before it registers anything."""
+
+    def fake_torch(self, has_runtime=True, parses=True, privateuse1="privateuseone"):
+        import types
+
+        def device(name):
+            if not parses:
+                raise RuntimeError(f"Expected one of cpu, cuda, ... device type at start of {name}")
+            return types.SimpleNamespace(type=name)
+
+        c = types.SimpleNamespace(_get_privateuse1_backend_name=lambda: privateuse1)
+        if has_runtime:
+            c._unified = types.SimpleNamespace()
+        return types.SimpleNamespace(_C=c, device=device)
+
+    def test_detection(self):
+        from torch_direct import _backend
+
+        detect = _backend.native_unified_device
+        self.assertTrue(detect(self.fake_torch()))
+        self.assertFalse(detect(self.fake_torch(has_runtime=False)))
+        self.assertFalse(detect(self.fake_torch(parses=False)))
+        # "unified" parses because the extension renamed PrivateUse1: not native.
+        self.assertFalse(detect(self.fake_torch(privateuse1="unified")))
+
+    def test_this_process(self):
+        import torch
+        import torch_direct
+
+        expected = "fork" if hasattr(torch._C, "_unified") else "extension"
+        self.assertEqual(torch_direct.vehicle(), expected)
+
+    def test_import_on_a_fork_registers_nothing(self):
+        r = subprocess.run([sys.executable, "-c", FAKE_FORK], capture_output=True, text=True,
+                           cwd=ROOT, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("fork-ok", r.stdout)
+
+
 if __name__ == "__main__":
     run_tests()

@@ -4,7 +4,7 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct
-from common import requires_gpu
+from common import extension_only, requires_gpu
 
 
 class GatherChecks:
@@ -105,6 +105,7 @@ class TestGatherOpsCPU(TestCase):
 
 
 class TestCpuThreads(TestCase):
+    @extension_only("_parallel_threads_used is a test hook of the extension's module")
     def test_cpu_gather_runs_on_several_threads(self):
         # at::parallel_for's OpenMP body is inline: compiled into an extension
         # without -fopenmp it runs on one thread. Ours must not.
@@ -131,6 +132,7 @@ class TestGatherCUDA(GatherChecks, TestCase):
 
 
 @requires_gpu
+@extension_only("the ordered and hybrid CUDA gather kernels are bound by the extension; on a fork wheel torch_direct.gather takes the generic path")
 class TestGatherKernelCUDA(TestCase):
     """The locality-ordered CUDA kernel against a CPU reference, case by case."""
 

@@ -1,6 +1,8 @@
 """PyTorch-Direct: unified tensors (GPU-mapped host memory) for stock PyTorch.
 
-``import torch_direct`` registers the ``unified`` device:
+``import torch_direct`` registers the ``unified`` device (on a torch wheel built
+from the fork's patches the device is native and nothing is registered:
+``torch_direct.vehicle()`` says which):
 
     >>> u = feats.to("unified")          # copy into mapped, pinned host memory
     >>> u = torch_direct.pin_inplace(t)  # no copy: map t's own pages
@@ -11,7 +13,7 @@ Placement rules R1-R6 are in docs/placement.md.
 
 from __future__ import annotations
 
-from ._backend import (  # noqa: F401  (registers the device on import)
+from ._backend import (  # noqa: F401  (on stock torch: registers the device on import)
     BACKEND_NAME,
     built_with_cuda,
     cuda_available,
@@ -20,6 +22,7 @@ from ._backend import (  # noqa: F401  (registers the device on import)
     memory_stats,
     pin_inplace,
     reset_peak_memory_stats,
+    vehicle,
 )
 
 from ._gather import gather, hybrid_cpu_fraction  # noqa: E402
@@ -37,4 +40,5 @@ __all__ = [
     "memory_stats",
     "pin_inplace",
     "reset_peak_memory_stats",
+    "vehicle",
 ]

@@ -1,26 +1,103 @@
-"""Register the ``unified`` device with stock PyTorch (PrivateUse1)."""
+"""The ``unified`` device: native on a fork wheel, else registered on stock PyTorch.
+
+Two vehicles give the same device (docs/fork.md):
+
+- **fork**: a torch wheel built from ``patches/`` has ``DeviceType::Unified``
+  natively (``torch._C._unified``, ``torch.unified``, ``Tensor.is_unified``).
+  ``import torch_direct`` then registers nothing: its helpers call the native
+  runtime, and ``torch_direct._C`` is a small stand-in (``_ForkC``) over
+  ``torch._C._unified`` for the names the fork binds.
+- **extension**: on stock PyTorch the compiled extension ``torch_direct._C``
+  takes PrivateUse1 and renames it ``unified``.
+"""
 
 from __future__ import annotations
 
+import sys
+import types
 from collections import OrderedDict
 
 import torch
-
-from . import _coexist
 
 BACKEND_NAME = "unified"
 
 # How many libtorch call slots of at::getAccelerator() were rebound so that
 # PyTorch keeps reporting the accelerator it had before (csrc/runtime/
-# AcceleratorHook.h); 0 means only the Python-level shim is active.
+# AcceleratorHook.h); 0 means only the Python-level shim is active (and on
+# the fork, which needs no hook).
 ACCELERATOR_HOOK_SLOTS = 0
 
-# What torch.accelerator answered before PrivateUse1 got a name: renaming it
-# makes PyTorch report the new backend as "the accelerator" (see _coexist).
-_previous_accelerator = _coexist.current_accelerator_before_registration()
 
-from . import _C  # noqa: E402  (loads kernels, fallback, hooks and guard)
-from . import _device_module  # noqa: E402
+def native_unified_device(torch_module=torch) -> bool:
+    """Whether ``torch_module`` has the Unified device natively (a fork wheel).
+
+    True when its C module has the ``_unified`` runtime and ``"unified"`` parses
+    as a device type while PrivateUse1 is not named ``unified`` (so the name is
+    not the extension's). Checked before anything is registered.
+    """
+    c = getattr(torch_module, "_C", None)
+    if c is None or not hasattr(c, "_unified"):
+        return False
+    try:
+        device = torch_module.device(BACKEND_NAME)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    if getattr(device, "type", None) != BACKEND_NAME:
+        return False
+    privateuse1 = getattr(c, "_get_privateuse1_backend_name", None)
+    return privateuse1 is None or privateuse1() != BACKEND_NAME
+
+
+VEHICLE = "fork" if native_unified_device() else "extension"
+
+
+def vehicle() -> str:
+    """``"fork"`` on a torch wheel with the native Unified device, else ``"extension"``."""
+    return VEHICLE
+
+
+class _ForkC(types.ModuleType):
+    """``torch_direct._C`` on a fork wheel: the extension's private names that
+    the fork binds, from ``torch._C._unified``. A name only the extension has
+    raises AttributeError saying so (callers check ``vehicle()`` first)."""
+
+    _NATIVE = ("_memory_stats", "_empty_cache", "_reset_peak", "_cuda_available",
+               "_pin_inplace", "_pinned_owner", "_share", "_from_shared", "_block_kind",
+               "_is_mapped", "_map_for_gpu", "_as_cuda_alias", "_as_cpu_alias",
+               "_gather_rows_cpu")
+
+    def __init__(self, native):
+        super().__init__(__name__.rpartition(".")[0] + "._C")
+        for name in self._NATIVE:
+            setattr(self, name, getattr(native, name))
+
+    @staticmethod
+    def _built_with_cuda() -> bool:
+        # The extension's own CUDA kernels (gather, sampler) are not bound on
+        # the fork: torch_direct.gather takes its generic path (index_select,
+        # which the fork's Unified kernels run on the index's device).
+        return False
+
+    def __getattr__(self, name):
+        raise AttributeError(
+            f"torch_direct._C.{name} is part of the torch_direct extension, which a fork "
+            f"wheel does not load (torch has the unified device natively); "
+            f"torch_direct.vehicle() is {VEHICLE!r}")
+
+
+if VEHICLE == "fork":
+    _C = _ForkC(torch._C._unified)
+    sys.modules[_C.__name__] = _C
+    setattr(sys.modules[__name__.rpartition(".")[0]], "_C", _C)
+else:
+    from . import _coexist
+
+    # What torch.accelerator answered before PrivateUse1 got a name: renaming it
+    # makes PyTorch report the new backend as "the accelerator" (see _coexist).
+    _previous_accelerator = _coexist.current_accelerator_before_registration()
+
+    from . import _C  # noqa: E402  (loads kernels, fallback, hooks and guard)
+    from . import _device_module  # noqa: E402
 
 
 def _register() -> None:
@@ -48,7 +125,8 @@ def _register() -> None:
     _reductions.install()
 
 
-_register()
+if VEHICLE == "extension":
+    _register()
 
 
 def is_unified(t: torch.Tensor) -> bool:
@@ -57,7 +135,9 @@ def is_unified(t: torch.Tensor) -> bool:
 
 
 def built_with_cuda() -> bool:
-    """Whether the extension was compiled with CUDA support."""
+    """Whether the extension (on a fork wheel: torch) was compiled with CUDA support."""
+    if VEHICLE == "fork":
+        return torch.backends.cuda.is_built()
     return bool(_C._built_with_cuda())
 
 
@@ -85,6 +165,8 @@ def pin_inplace(t: torch.Tensor) -> torch.Tensor:
     if t.requires_grad and t.grad_fn is not None:
         raise RuntimeError("pin_inplace() needs a leaf tensor: pin the data, not a result "
                            "of autograd (use t.detach())")
+    if VEHICLE == "fork":
+        return torch.unified.pin_inplace(t)
     out = _C._pin_inplace(t.detach())
     if t.requires_grad:
         out.requires_grad_(True)
