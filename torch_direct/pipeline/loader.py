@@ -29,6 +29,7 @@ dropping the loader stops it too. Stopping drops the queued batches, pinned buff
 from __future__ import annotations
 
 import queue
+from contextlib import nullcontext
 import threading
 import time
 import weakref
@@ -231,7 +232,7 @@ class _Stages:
     def make_batch(self, it, timer: _Timer):
         """Sample, gather and transfer the next batch; None at the end of the epoch."""
         stream = self.stream
-        ctx = torch.cuda.stream(stream) if self.cuda else _null()
+        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
         with ctx:
             t = timer.start(stream)
             sb = next(it, None)
@@ -347,11 +348,3 @@ class PipelinedLoader:
             self.close()
         except Exception:  # noqa: BLE001
             pass
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

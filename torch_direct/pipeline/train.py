@@ -318,6 +318,9 @@ def run(args) -> dict:
         raise ValueError(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.cache_mb and args.pipeline != "unified":
         raise ValueError("--cache-mb applies to --pipeline unified only")
+    if args.cache_mb and device.type != "cuda":
+        print("train: --cache-mb has no effect without a GPU (there is no GPU memory to cache in)",
+              file=sys.stderr)
     if args.pipeline == "gpu_resident" and device.type != "cuda":
         print("train: gpu_resident on the CPU keeps the features in host memory (no GPU here)", file=sys.stderr)
     if args.threads:
