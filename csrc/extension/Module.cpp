@@ -4,6 +4,7 @@
 
 #include "../aten/ParallelChunks.h"
 #include "../aten/Placement.h"
+#include "../aten/Sharing.h"
 #include "../aten/UnifiedKernels.h"
 #include "../runtime/AcceleratorHook.h"
 #include "../runtime/UnifiedHooks.h"
@@ -25,80 +26,9 @@ namespace {
 namespace alloc = c10::unified;
 using at::native::unified::is_unified;
 
-at::Tensor unified_over(c10::Storage storage, const at::Tensor& like_geometry,
-                        caffe2::TypeMeta dtype) {
-  at::Tensor u = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
-  u.unsafeGetTensorImpl()->set_sizes_and_strides(
-      like_geometry.sizes(), like_geometry.strides(), like_geometry.storage_offset());
-  return u;
-}
-
-at::Tensor pin_inplace(const at::Tensor& t) {
-  TORCH_CHECK(t.defined(), "pin_inplace: tensor is undefined");
-  if (is_unified(t)) {
-    return t;
-  }
-  TORCH_CHECK(t.is_cpu(), "pin_inplace: expected a CPU tensor, got a tensor on ", t.device(),
-              " (use .to('unified') to copy a ", t.device().type(), " tensor into unified memory)");
-  TORCH_CHECK(t.layout() == c10::kStrided, "pin_inplace: expected a strided tensor, got layout ",
-              t.layout());
-  const c10::Storage& s = t.storage();
-  TORCH_CHECK(s.data_ptr().get() != nullptr || s.nbytes() == 0,
-              "pin_inplace: the tensor's storage has no data (was it freed or is it a meta/fake tensor?)");
-  c10::DataPtr dp = alloc::get_allocator()->alias_foreign(s.data_ptr().get(), s.nbytes(), s);
-  c10::Storage us(c10::Storage::use_byte_size_t(), s.nbytes(), std::move(dp), nullptr, false);
-  return unified_over(std::move(us), t, t.dtype());
-}
-
-at::Tensor pinned_owner(const at::Tensor& u) {
-  TORCH_CHECK(is_unified(u), "expected a unified tensor");
-  c10::Storage owner = alloc::get_allocator()->foreign_owner(u.storage().data_ptr());
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(owner), c10::DispatchKeySet(c10::DispatchKey::CPU), u.dtype());
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(u.sizes(), u.strides(), u.storage_offset());
-  return t;
-}
-
 py::tuple share(const at::Tensor& u) {
-  TORCH_CHECK(is_unified(u), "expected a unified tensor");
-  auto [fd, size] = alloc::get_allocator()->share(u.storage().unsafeGetStorageImpl());
-  return py::make_tuple(fd, size, u.storage().nbytes());
-}
-
-at::Tensor from_shared(int fd, size_t storage_nbytes, const at::Tensor& like) {
-  c10::DataPtr dp = fd >= 0 ? alloc::get_allocator()->import_shared(fd, storage_nbytes)
-                            : c10::DataPtr(nullptr, alloc::unified_device());
-  c10::Storage us(c10::Storage::use_byte_size_t(), storage_nbytes, std::move(dp),
-                  alloc::get_allocator(), true);
-  return unified_over(std::move(us), like, like.dtype());
-}
-
-std::string block_kind(const at::Tensor& u) {
-  TORCH_CHECK(is_unified(u), "expected a unified tensor");
-  return alloc::get_allocator()->kind_of(u.storage().data_ptr());
-}
-
-bool is_mapped(const at::Tensor& u) {
-  TORCH_CHECK(is_unified(u), "expected a unified tensor");
-  return alloc::get_allocator()->is_mapped(u.storage().data_ptr());
-}
-
-void map_for_gpu(const at::Tensor& u) {
-  TORCH_CHECK(is_unified(u), "expected a unified tensor");
-  if (u.storage().data_ptr().get() != nullptr) {
-    alloc::get_allocator()->ensure_mapped(u.storage().data_ptr());
-  }
-}
-
-at::Tensor as_cuda_alias(const at::Tensor& u, int64_t device) {
-  TORCH_CHECK(is_unified(u), "expected a unified tensor");
-  return at::native::unified::alias_as(u, c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)));
-}
-
-at::Tensor as_cpu_alias(const at::Tensor& u) {
-  TORCH_CHECK(is_unified(u), "expected a unified tensor");
-  return at::native::unified::alias_as(u, c10::Device(c10::kCPU));
+  auto h = at::native::unified::share(u);
+  return py::make_tuple(h.fd, h.mapped_bytes, h.storage_nbytes);
 }
 
 // Structured ATen ops carry a CompositeExplicitAutogradNonFunctional kernel
@@ -159,15 +89,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_memory_stats", [] { return alloc::get_allocator()->stats(); });
   m.def("_empty_cache", [] { alloc::get_allocator()->empty_cache(); });
   m.def("_reset_peak", [] { alloc::get_allocator()->reset_peak(); });
-  m.def("_pin_inplace", &pin_inplace);
-  m.def("_pinned_owner", &pinned_owner);
+  // pin_inplace, sharing, mapping, aliases: csrc/aten/Sharing.cpp (the fork
+  // binds the same in torch._C._unified).
+  m.def("_pin_inplace", &at::native::unified::pin_inplace);
+  m.def("_pinned_owner", &at::native::unified::pinned_owner);
   m.def("_share", &share);
-  m.def("_from_shared", &from_shared);
-  m.def("_block_kind", &block_kind);
-  m.def("_is_mapped", &is_mapped);
-  m.def("_map_for_gpu", &map_for_gpu);
-  m.def("_as_cuda_alias", &as_cuda_alias);
-  m.def("_as_cpu_alias", &as_cpu_alias);
+  m.def("_from_shared", &at::native::unified::from_shared);
+  m.def("_block_kind", &at::native::unified::block_kind);
+  m.def("_is_mapped", &at::native::unified::is_mapped);
+  m.def("_map_for_gpu", &at::native::unified::map_for_gpu);
+  m.def("_as_cuda_alias", &at::native::unified::as_cuda_alias);
+  m.def("_as_cpu_alias", &at::native::unified::as_cpu_alias);
   m.def("_gather_rows_cpu", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out) {
     return at::native::unified::gather_rows_cpu(table, index, out);
   });
