@@ -58,6 +58,22 @@ except ImportError:  # pragma: no cover - setup needs torch
              "then pip install --no-build-isolation .")
 
 
+def native_unified() -> bool:
+    """A torch wheel built from this project's fork has the device natively.
+
+    Then torch_direct is a pure-Python package of helpers and nothing is
+    compiled (the same check as torch_direct._backend.native_unified_device).
+    """
+    if not hasattr(torch._C, "_unified"):
+        return False
+    try:
+        native = torch.device("unified").type == "unified"
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    name = getattr(torch._C, "_get_privateuse1_backend_name", lambda: "privateuseone")()
+    return native and name != "unified"
+
+
 def want_cuda() -> bool:
     env = os.environ.get("TORCH_DIRECT_CUDA")
     if env is not None:
@@ -104,6 +120,6 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.5", "pyyaml"],
     extras_require={"test": ["pytest", "expecttest", "numpy"]},
-    ext_modules=[extension()],
+    ext_modules=[] if native_unified() else [extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )

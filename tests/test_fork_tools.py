@@ -269,6 +269,34 @@ print("fork-ok")
 """
 
 
+class TestSetupOnFork(TestCase):
+    """setup.py compiles the extension on stock torch and nothing on a fork wheel."""
+
+    def native_unified(self, torch_module):
+        src = (ROOT / "setup.py").read_text()
+        body = src[src.index("def native_unified()"):src.index("def want_cuda()")]
+        ns = {"torch": torch_module}
+        exec(body, ns)  # just the detection function, against the given torch
+        return ns["native_unified"]()
+
+    def test_stock_torch_builds_the_extension(self):
+        import torch
+        self.assertFalse(self.native_unified(torch))
+
+    def test_fork_wheel_builds_nothing(self):
+        import types
+        fork = types.SimpleNamespace(
+            _C=types.SimpleNamespace(_unified=object(),
+                                     _get_privateuse1_backend_name=lambda: "privateuseone"),
+            device=lambda s: types.SimpleNamespace(type=s))
+        self.assertTrue(self.native_unified(fork))
+        renamed = types.SimpleNamespace(  # the extension already loaded: not native
+            _C=types.SimpleNamespace(_unified=object(),
+                                     _get_privateuse1_backend_name=lambda: "unified"),
+            device=lambda s: types.SimpleNamespace(type=s))
+        self.assertFalse(self.native_unified(renamed))
+
+
 class TestVehicle(TestCase):
     """torch_direct detects a native Unified device (fork wheel) before it registers anything."""
 
