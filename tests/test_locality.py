@@ -8,6 +8,8 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 import torch_direct  # noqa: F401
 from torch_direct.graph import CSRGraph, NeighborSampler, NodeDataset, Reordering, load_dataset, reorder
 from torch_direct.graph.reorder import relabel_graph
+from torch_direct.pipeline import PipelinedLoader, make_feature_store
+from common import requires_gpu
 
 
 def random_graph(n, e, seed, edge_ids=False):
@@ -104,6 +106,61 @@ class TestReorder(TestCase):
         with self.assertRaisesRegex(ValueError, "expected 5 rows"):
             ro.rows_to_original(torch.zeros(4))
         self.assertEqual(relabel_graph(g, ro.perm, ro.inv).device, g.device)
+
+
+class TestMergedGathers(TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.ds = load_dataset("tiny", root=cls.tmp.name, show_progress=False)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def epoch(self, kind="unified", device="cpu", sampler_device=None, **kw):
+        ds = self.ds
+        store = make_feature_store(kind, ds.x, device)
+        if sampler_device is None:
+            sampler = NeighborSampler(ds.graph, [5, 3], seed=3)
+        else:
+            from torch_direct.graph import GPUNeighborSampler
+            sampler = GPUNeighborSampler(ds.graph.to("unified"), [5, 3], seed=3, device=sampler_device)
+        with PipelinedLoader(sampler, store, ds.split["train"], 200, labels=ds.y, device=device,
+                             generator=torch.Generator().manual_seed(1), **kw) as loader:
+            out = [(b.n_id.cpu(), b.x.cpu(), b.y.cpu(), [a[0].cpu() for a in b.adjs]) for b in loader]
+            self.assertEqual(loader.stats()["batches"], len(out))
+        return out
+
+    def test_every_batch_gets_its_rows(self):
+        base = self.epoch(merge_gathers=1)
+        self.assertGreater(len(base), 3)
+        for kind in ("unified", "cpu_centric", "gpu_resident"):
+            for prefetch in (0, 2):
+                for merge in (2, 3, 100):
+                    got = self.epoch(kind, prefetch=prefetch, merge_gathers=merge)
+                    self.assertEqual(len(got), len(base))
+                    for (n_id, x, y, adjs), (n0, x0, y0, adjs0) in zip(got, base):
+                        self.assertEqual(n_id, n0)
+                        self.assertEqual(x, self.ds.x[n_id], atol=0, rtol=0)
+                        self.assertEqual(x, x0, atol=0, rtol=0)
+                        self.assertEqual(y, y0)
+                        self.assertEqual(adjs, adjs0)
+
+    def test_bad_merge(self):
+        store = make_feature_store("unified", self.ds.x, "cpu")
+        for bad in (0, -1, True, 1.5):
+            with self.assertRaisesRegex(ValueError, "merge_gathers"):
+                PipelinedLoader(NeighborSampler(self.ds.graph, [2]), store, self.ds.split["train"], 10,
+                                merge_gathers=bad)
+
+    @requires_gpu
+    def test_merged_gathers_on_the_gpu(self):
+        base = self.epoch("unified", "cuda", "cuda")
+        got = self.epoch("unified", "cuda", "cuda", merge_gathers=3)
+        for (n_id, x, *_), (n0, x0, *_) in zip(got, base):
+            self.assertEqual(n_id, n0)
+            self.assertEqual(x, self.ds.x[n_id], atol=0, rtol=0)
 
 
 if __name__ == "__main__":

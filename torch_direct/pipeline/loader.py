@@ -15,6 +15,10 @@ consumer's stream waits for that event, and every tensor of the batch gets ``rec
 of the consumer's stream, so the caching allocator cannot hand its memory to the producer
 while the training step still reads it.
 
+With ``merge_gathers=k`` the producer samples ``k`` batches, gathers the union of their nodes
+in one sorted gather (a locality lever: each row read once, reads in address order) and gives
+each batch its rows by position; batches and their features are the same as without it.
+
 Stage times: ``busy`` is the time each stage took in the producer (on a GPU the longer of its
 host time and its stream time between CUDA events; ``perf_counter`` on the CPU), ``wait`` the time the training loop stood waiting for a batch (the
 loader's exposed time); ``exposed`` splits ``wait`` over the stages in proportion to their busy
@@ -113,7 +117,7 @@ def _produce(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: threadi
         if stages.cuda:
             torch.cuda.set_device(stages.device)
         while not stop.is_set():
-            item = stages.make_batch(it, timer)
+            item = next(it, None)
             if item is None:
                 break
             if not put(item):
@@ -133,7 +137,7 @@ class _Epoch:
         self.batches = 0
         self.done = False
         self.num_batches = len(seeds)
-        self._it = stages.sample_iter(seeds)
+        self._it = stages.batch_iter(stages.sample_iter(seeds), self.timer)
         self.stop = threading.Event()
         self.thread = None
         if prefetch > 0:
@@ -155,7 +159,7 @@ class _Epoch:
         t0 = time.perf_counter()
         try:
             if self.thread is None:
-                item = self.stages.make_batch(self._it, self.timer)
+                item = next(self._it, None)
                 if item is None:
                     item = _END
             else:
@@ -215,12 +219,14 @@ def _tensors(b: Batch):
 
 
 class _Stages:
-    """What the producer needs to make a batch: sampler, store, labels, device, side stream."""
+    """What the producer needs to make a batch: sampler, store, labels, device, side stream,
+    and how many batches share one merged feature gather (``merge``; 1 = none)."""
 
-    def __init__(self, sampler, features, labels, device, stream):
+    def __init__(self, sampler, features, labels, device, stream, merge: int = 1):
         self.sampler, self.features, self.labels = sampler, features, labels
         self.device, self.stream = device, stream
         self.cuda = device.type == "cuda"
+        self.merge = merge
 
     def sample_iter(self, seeds):
         many = getattr(self.sampler, "sample_batches", None)
@@ -228,6 +234,49 @@ class _Stages:
         for first in range(0, len(seeds), group):
             chunk = seeds[first:first + group]
             yield from (many(chunk) if many is not None else [self.sampler.sample(s) for s in chunk])
+
+    def batch_iter(self, it, timer: _Timer):
+        """The epoch's ``(Batch, event)`` items, made from the sampled batches of ``it``."""
+        while True:
+            if self.merge <= 1:
+                item = self.make_batch(it, timer)
+                if item is None:
+                    return
+                yield item
+                continue
+            items = self.make_window(it, timer)
+            if not items:
+                return
+            yield from items
+
+    def make_window(self, it, timer: _Timer) -> list:
+        """Sample up to ``merge`` batches, gather the union of their nodes in one ordered
+        gather (each row read once), and let every batch take its rows by position."""
+        stream = self.stream
+        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
+        with ctx:
+            t = timer.start(stream)
+            sbs = []
+            for _ in range(self.merge):
+                sb = next(it, None)
+                if sb is None:
+                    break
+                sbs.append(sb)
+            if not sbs:
+                return []
+            timer.stop("sample", t, stream)
+            t = timer.start(stream)
+            union, pos = torch.unique(torch.cat([sb.n_id for sb in sbs]), sorted=True, return_inverse=True)
+            rows = self.features.gather(union, self.device, stream=stream)
+            pos = pos.to(self.device, non_blocking=self.cuda)
+            xs, at = [], 0
+            for sb in sbs:
+                k = sb.n_id.numel()
+                xs.append(rows.index_select(0, pos[at:at + k]))
+                at += k
+            del rows, pos
+            timer.stop("gather", t, stream)
+        return [self.finish_batch(sb, x, timer) for sb, x in zip(sbs, xs)]
 
     def make_batch(self, it, timer: _Timer):
         """Sample, gather and transfer the next batch; None at the end of the epoch."""
@@ -242,6 +291,13 @@ class _Stages:
             t = timer.start(stream)
             x = self.features.gather(sb.n_id, self.device, stream=stream)
             timer.stop("gather", t, stream)
+        return self.finish_batch(sb, x, timer)
+
+    def finish_batch(self, sb, x, timer: _Timer):
+        """Move a batch's blocks, ids and labels to the device; the batch and its event."""
+        stream = self.stream
+        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
+        with ctx:
             t = timer.start(stream)
             nb = self.cuda
             n_id = sb.n_id.to(self.device, non_blocking=nb)
@@ -266,14 +322,17 @@ class PipelinedLoader:
     ``sampler``: a ``NeighborSampler`` (CPU threads) or ``GPUNeighborSampler``; ``features``:
     a :class:`~torch_direct.pipeline.features.FeatureStore`; ``labels``: node labels indexed
     by global id (or None). ``prefetch``: batches prepared ahead (the queue bound; 0 runs
-    every stage in the training loop, no thread). ``shuffle``/``generator``/``drop_last``
+    every stage in the training loop, no thread). ``merge_gathers``: batches whose feature
+    gathers are merged into one (the union of their ``n_id``, gathered once in sorted order,
+    each batch then taking its rows by position: fewer, more local reads); 1 = a gather per
+    batch. Every batch's ``x`` equals ``x[n_id]`` either way. ``shuffle``/``generator``/``drop_last``
     as in a DataLoader. Iterating starts an epoch; see the module docstring for streams,
     timing, errors and shutdown.
     """
 
     def __init__(self, sampler, features: FeatureStore, node_ids, batch_size: int, *, labels=None,
                  device=None, prefetch: int = 2, shuffle: bool = True, drop_last: bool = False,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, merge_gathers: int = 1):
         if not isinstance(features, FeatureStore):
             raise TypeError(f"PipelinedLoader: features must be a FeatureStore, got {type(features).__name__}")
         if not hasattr(sampler, "sample"):
@@ -282,6 +341,9 @@ class PipelinedLoader:
             raise ValueError(f"PipelinedLoader: batch_size must be a positive int, got {batch_size!r}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"PipelinedLoader: prefetch must be an int >= 0, got {prefetch!r}")
+        if isinstance(merge_gathers, bool) or not isinstance(merge_gathers, int) or merge_gathers < 1:
+            raise ValueError(f"PipelinedLoader: merge_gathers must be an int >= 1 (batches per gather), "
+                             f"got {merge_gathers!r}")
         ids = torch.as_tensor(node_ids)
         if ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 1:
             raise TypeError(f"PipelinedLoader: node_ids must be a 1-D int tensor, got {ids.dtype} "
@@ -289,12 +351,13 @@ class PipelinedLoader:
         self.sampler, self.features = sampler, features
         self.node_ids = ids.cpu().long()
         self.labels = None if labels is None else torch.as_tensor(labels)
-        self.batch_size, self.prefetch = batch_size, prefetch
+        self.batch_size, self.prefetch, self.merge_gathers = batch_size, prefetch, merge_gathers
         self.shuffle, self.drop_last, self.generator = shuffle, drop_last, generator
         self.device = features.device if device is None else _check_device(device)
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self._stages = _Stages(sampler, features, self.labels, self.device, self.stream)
+        self._stages = _Stages(sampler, features, self.labels, self.device, self.stream,
+                              merge_gathers)
         self._epoch: _Epoch | None = None
         self._last: dict | None = None
 
