@@ -1,5 +1,9 @@
 """Locality levers (issue 5, item 4): node-ID reordering, merged gathers, the ablation."""
 
+import contextlib
+import io
+import json
+import os
 import tempfile
 
 import torch
@@ -108,15 +112,22 @@ class TestReorder(TestCase):
         self.assertEqual(relabel_graph(g, ro.perm, ro.inv).device, g.device)
 
 
-class TestMergedGathers(TestCase):
+class _Tiny(TestCase):
+    """The tiny preset in a temporary cache; torch's thread count restored afterwards."""
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.ds = load_dataset("tiny", root=cls.tmp.name, show_progress=False)
+        cls.threads = torch.get_num_threads()
 
     @classmethod
     def tearDownClass(cls):
+        torch.set_num_threads(cls.threads)
         cls.tmp.cleanup()
+
+
+class TestMergedGathers(_Tiny):
 
     def epoch(self, kind="unified", device="cpu", sampler_device=None, **kw):
         ds = self.ds
@@ -161,6 +172,64 @@ class TestMergedGathers(TestCase):
         for (n_id, x, *_), (n0, x0, *_) in zip(got, base):
             self.assertEqual(n_id, n0)
             self.assertEqual(x, self.ds.x[n_id], atol=0, rtol=0)
+
+
+FAST = ["--threads", "1", "--layers", "builtin", "--hidden", "32", "--batch-size", "256", "--no-progress",
+        "--fanouts", "5,3", "--eval-fanouts", "5,3", "--epochs", "2"]
+
+
+class TestAblation(_Tiny):
+    def bench(self, *extra):
+        from torch_direct.bench.__main__ import main
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(["train-ablation", "--root", self.tmp.name, *FAST, *extra])
+            except SystemExit as e:
+                rc = e.code
+        return rc, out.getvalue(), err.getvalue()
+
+    def test_record_has_every_row_and_levers_keep_the_batches(self):
+        path = os.path.join(self.tmp.name, "ablation.json")
+        rc, out, err = self.bench("--out", path)
+        self.assertEqual(rc, 0, err)
+        rec = json.load(open(path))
+        self.assertEqual(rec["benchmark"], "train-ablation")
+        rows = {r["config"]: r for r in rec["rows"]}
+        self.assertEqual(list(rows), ["baseline", "reorder", "merge", "cache", "all"])
+        base = rows["baseline"]
+        self.assertEqual((base["reorder"], base["merge_gathers"], base["cache_mb"]), ("none", 1, 0))
+        self.assertEqual(rows["reorder"]["reorder"], "degree")
+        self.assertEqual(rows["merge"]["merge_gathers"], 2)
+        self.assertEqual(rows["all"]["reorder"], "degree")
+        self.assertIn("no GPU", rows["cache"]["note"])   # this test machine: the cache cannot apply
+        for r in rec["rows"]:
+            self.assertGreater(r["epoch_s"], 0)
+            self.assertEqual(len(r["epoch_times_s"]), 2)
+            self.assertIsNotNone(r["speedup"])
+            # Same batches and features: the same losses and accuracies as the baseline, exactly.
+            self.assertEqual(r["losses"], base["losses"], msg=r["config"])
+            self.assertEqual(r["train_acc"], base["train_acc"], msg=r["config"])
+            self.assertEqual(r["test_acc"], base["test_acc"], msg=r["config"])
+            self.assertIn(f"| {r['config']} |", out)
+        self.assertEqual(rows["baseline"]["speedup"], 1.0)
+
+    def test_subset_and_bad_options(self):
+        path = os.path.join(self.tmp.name, "sub.json")
+        rc, _, err = self.bench("--configs", "baseline,merge", "--merge-gathers", "3", "--epochs", "1",
+                                "--out", path)
+        self.assertEqual(rc, 0, err)
+        rows = json.load(open(path))["rows"]
+        self.assertEqual([(r["config"], r["merge_gathers"]) for r in rows], [("baseline", 1), ("merge", 3)])
+        rc, _, err = self.bench("--configs", "baseline,turbo")
+        self.assertEqual(rc, 2)
+        self.assertIn("unknown ['turbo']", err)
+        rc, _, err = self.bench("--reorder", "none")
+        self.assertEqual(rc, 2)
+        self.assertIn("nothing to ablate", err)
+        rc, _, err = self.bench("--merge-gathers", "0")
+        self.assertEqual(rc, 2)
+        self.assertIn("must be positive", err)
 
 
 if __name__ == "__main__":

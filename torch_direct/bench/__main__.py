@@ -1,4 +1,4 @@
-"""python -m torch_direct.bench BENCHMARK [options]   (BENCHMARK: gather)"""
+"""python -m torch_direct.bench BENCHMARK [options]   (BENCHMARK: gather, train-ablation)"""
 
 from __future__ import annotations
 
@@ -10,14 +10,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m torch_direct.bench",
                                  description="PyTorch-Direct benchmarks; each writes JSON and can plot it.")
     sub = ap.add_subparsers(dest="bench")
-    from . import gather
+    from . import ablation, gather
 
     gather.add_arguments(sub.add_parser("gather", help=gather.__doc__.splitlines()[0],
                                         description=gather.__doc__,
                                         formatter_class=argparse.RawDescriptionHelpFormatter))
+    ablation.add_arguments(sub.add_parser("train-ablation", help=ablation.__doc__.splitlines()[0],
+                                          description=ablation.__doc__,
+                                          formatter_class=argparse.RawDescriptionHelpFormatter))
     args = ap.parse_args(argv)
     if args.bench == "gather":
         return gather.run(args)
+    if args.bench == "train-ablation":
+        return ablation.run(args)
     ap.print_help()
     return 2
 
