@@ -25,6 +25,7 @@ import torch
 from .csr import CSRGraph, _host
 
 ORDERS = ("degree", "frequency", "none")
+_EDGE_CHUNK = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -90,21 +91,32 @@ def _order(graph: CSRGraph, by) -> tuple[torch.Tensor, str]:
 
 def relabel_graph(graph: CSRGraph, perm: torch.Tensor, inv: torch.Tensor) -> CSRGraph:
     """``graph`` with node ``perm[r]`` renamed ``r``: rows moved, column ids mapped through
-    ``inv``, each row's neighbour order (and ``edge_ids``) kept. Vectorized; the result is on
+    ``inv``, each row's neighbour order (and ``edge_ids``) kept. Vectorized, in chunks of
+    about ``_EDGE_CHUNK`` edges (so temporaries stay small on large graphs); the result is on
     the graph's device (computed on the host)."""
     rowptr = _host(graph.rowptr).cpu()
     col = _host(graph.col).cpu()
+    eids = None if graph.edge_ids is None else _host(graph.edge_ids).cpu()
     deg = rowptr[1:] - rowptr[:-1]
     deg_new = deg[perm]
     rowptr_new = torch.zeros_like(rowptr)
     torch.cumsum(deg_new, 0, out=rowptr_new[1:])
-    # Slot j of new row r is slot (rowptr[perm[r]] + j - rowptr_new[r]) of the old arrays.
-    shift = torch.repeat_interleave(rowptr[:-1][perm] - rowptr_new[:-1], deg_new,
-                                    output_size=graph.num_edges)
-    src = shift.add_(torch.arange(graph.num_edges))
-    col_new = inv[col[src].long()].to(col.dtype)
-    eids = None if graph.edge_ids is None else _host(graph.edge_ids).cpu()[src]
-    out = CSRGraph(rowptr_new, col_new, eids, validate=False)
+    start_old = rowptr[:-1][perm]
+    col_new = torch.empty_like(col)
+    eids_new = None if eids is None else torch.empty_like(eids)
+    e = graph.num_edges
+    # Row boundaries so that each chunk holds about _EDGE_CHUNK edges (a longer row is one chunk).
+    bounds = torch.searchsorted(rowptr_new, torch.arange(0, e, _EDGE_CHUNK), right=True) - 1
+    bounds = torch.unique(torch.cat([bounds, torch.tensor([graph.num_nodes])])).tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        lo, hi = int(rowptr_new[a]), int(rowptr_new[b])
+        # Slot j of new row r is slot (rowptr[perm[r]] + j - rowptr_new[r]) of the old arrays.
+        src = torch.repeat_interleave(start_old[a:b] - rowptr_new[a:b], deg_new[a:b], output_size=hi - lo)
+        src.add_(torch.arange(lo, hi))
+        col_new[lo:hi] = inv[col[src].long()]
+        if eids is not None:
+            eids_new[lo:hi] = eids[src]
+    out = CSRGraph(rowptr_new, col_new, eids_new, validate=False)
     return out if graph.device.type == "cpu" else out.to(graph.device)
 
 
