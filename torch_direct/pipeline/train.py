@@ -11,6 +11,12 @@ transfer by their busy time), the training step's time, and the train/valid accu
 by sampled inference). At the end: test accuracy by sampled inference, and with
 ``--full-eval`` by full-neighbourhood inference for comparison.
 
+Locality levers: ``--reorder`` relabels the nodes hot ones first, ``--merge-gathers`` gathers
+the features of several batches in one ordered gather, ``--cache-mb`` keeps the hottest rows
+on the GPU. They change where rows are read from, not what is trained (``reorder`` and
+``merge`` give the same batches, losses and accuracies);
+``python -m torch_direct.bench train-ablation`` times each of them.
+
 Models: GraphSAGE, GAT and GIN from PyG when torch_geometric is installed; without it a
 built-in GraphSAGE (mean aggregation, plain torch ops) so the command runs anywhere.
 """
