@@ -10,7 +10,7 @@ Trains the same model on the same data with the same seeds once per configuratio
 time, speed-up over the baseline, the loader's exposed gather time, loss and accuracy) and a
 JSON record. The epoch time is the median over the epochs after the first (the first warms
 up), or the one epoch when ``--epochs 1``. Every option of ``python -m torch_direct train``
-applies; the lever options give each lever's setting when on (their defaults here: reorder
+applies (``--json`` is another name for ``--out``); the lever options give each lever's setting when on (their defaults here: reorder
 by degree, merge the prefetch window, a 256 MiB cache). The levers change where rows are
 read, not what is computed: ``reorder`` and ``merge`` train on the same batches and features
 as the baseline (same losses and accuracies), and the cache only exists on a GPU (on a CPU
@@ -51,7 +51,6 @@ def _config_args(args, levers) -> argparse.Namespace:
     a.merge_gathers = args.merge_gathers if "merge" in levers else 1
     a.cache_mb = args.cache_mb if "cache" in levers else 0
     a.json = a.plot = None
-    a.full_eval = False
     return a
 
 
@@ -69,6 +68,8 @@ def run_ablation(args) -> dict:
         raise ValueError(f"--configs: unknown {bad or 'empty list'}; choose from {', '.join(known)}")
     if args.reorder == "none":
         raise ValueError("--reorder none leaves nothing to ablate: give degree or frequency")
+    if args.plot:
+        raise ValueError("--plot: the ablation prints a table and writes JSON (--out); it draws no plot")
     if args.merge_gathers == 1:
         raise ValueError("--merge-gathers 1 leaves nothing to ablate: give K >= 2 or no K (the prefetch window)")
     device = train._resolve_device(args.device)
@@ -94,7 +95,8 @@ def run_ablation(args) -> dict:
                "exposed_gather_s": statistics.median(e["exposed_s"]["gather"] for e in rec["epochs"]),
                "reorder_s": rec["reorder_s"], "losses": [e["loss"] for e in rec["epochs"]],
                "train_acc": [e["train_acc"] for e in rec["epochs"]], "test_acc": rec["test_acc"],
-               "feature_store": rec["feature_store"], "note": note}
+               "test_acc_full": rec.get("test_acc_full"), "feature_store": rec["feature_store"],
+               "note": note}
         rows.append(row)
         print(f"{name}: epoch {row['epoch_s']:.3f} s", file=sys.stderr, flush=True)
     base = next((r for r in rows if r["config"] == "baseline"), None)
@@ -126,6 +128,7 @@ def run(args) -> int:
         print(f"train-ablation: error: {e}", file=sys.stderr)
         return 2
     print_table(record)
-    write_json(args.out, record)
-    print(f"wrote {args.out}")
+    out = Path(args.json) if args.json else args.out
+    write_json(out, record)
+    print(f"wrote {out}")
     return 0
