@@ -246,6 +246,19 @@ class TestAblation(_Tiny):
         # Layer-wise inference visits nodes in id order: the same logits up to float rounding.
         self.assertLessEqual(abs(a["test_acc_full"] - b["test_acc_full"]), 2 / 900)
 
+    @requires_gpu
+    def test_ablation_on_the_gpu_uses_the_cache(self):
+        path = os.path.join(self.tmp.name, "gpu.json")
+        rc, _, err = self.bench("--device", "cuda", "--cache-mb", "1", "--out", path)
+        self.assertEqual(rc, 0, err)
+        rows = {r["config"]: r for r in json.load(open(path))["rows"]}
+        self.assertEqual(len(rows), 5)
+        for name in ("cache", "all"):
+            self.assertEqual(rows[name]["note"], "")
+            self.assertEqual(rows[name]["cache_mb"], 1)
+            self.assertGreater(rows[name]["feature_store"]["cache_rows"], 0)
+            self.assertGreater(rows[name]["feature_store"]["cache_hit_rate"], 0)
+
     def test_subset_and_bad_options(self):
         path = os.path.join(self.tmp.name, "sub.json")
         rc, _, err = self.bench("--configs", "baseline,merge", "--merge-gathers", "3", "--epochs", "1",
