@@ -132,7 +132,6 @@ class TestGatherCUDA(GatherChecks, TestCase):
 
 
 @requires_gpu
-@extension_only("the ordered and hybrid CUDA gather kernels are bound by the extension; on a fork wheel torch_direct.gather takes the generic path")
 class TestGatherKernelCUDA(TestCase):
     """The locality-ordered CUDA kernel against a CPU reference, case by case."""
 

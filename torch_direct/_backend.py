@@ -65,18 +65,27 @@ class _ForkC(types.ModuleType):
                "_pin_inplace", "_pinned_owner", "_share", "_from_shared", "_block_kind",
                "_is_mapped", "_map_for_gpu", "_as_cuda_alias", "_as_cpu_alias",
                "_gather_rows_cpu")
+    # Bound by the fork only when it is built with CUDA (USE_CUDA; patch 0006).
+    _NATIVE_CUDA = ("_gather_rows_cuda", "_gather_rows_hybrid", "_hybrid_cpu_fraction")
 
     def __init__(self, native):
         super().__init__(__name__.rpartition(".")[0] + "._C")
         for name in self._NATIVE:
             setattr(self, name, getattr(native, name))
+        self._cuda_gather = all(hasattr(native, name) for name in self._NATIVE_CUDA)
+        if self._cuda_gather:
+            for name in self._NATIVE_CUDA:
+                setattr(self, name, getattr(native, name))
+        else:
+            # As the extension built without CUDA answers.
+            self._hybrid_cpu_fraction = lambda device, row_bytes: 0.0
 
-    @staticmethod
-    def _built_with_cuda() -> bool:
-        # The extension's own CUDA kernels (gather, sampler) are not bound on
-        # the fork: torch_direct.gather takes its generic path (index_select,
-        # which the fork's Unified kernels run on the index's device).
-        return False
+    def _built_with_cuda(self) -> bool:
+        # Whether the fork binds the ordered/hybrid CUDA gather kernels, which
+        # torch_direct.gather uses for a CUDA index; without them it takes its
+        # generic path (index_select, run by the fork's Unified kernels on the
+        # index's device). The samplers' CUDA kernels are extension only.
+        return self._cuda_gather
 
     def __getattr__(self, name):
         raise AttributeError(
