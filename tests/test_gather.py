@@ -102,6 +102,12 @@ class TestGatherOpsCPU(TestCase):
         self.assertEqual(torch.gather(u, 0, gi), torch.gather(src, 0, gi))
         with self.assertRaisesRegex(IndexError, "60"):
             u[torch.tensor([60])]
+        # A table without rows: every index is out of bounds (not a shape error).
+        empty_table = torch.empty(0, 4).to("unified")
+        self.assertEqual(torch_direct.gather(empty_table, torch.empty(0, dtype=torch.long)).shape,
+                         (0, 4))
+        with self.assertRaisesRegex(IndexError, "index 0 is out of bounds.*size 0"):
+            torch_direct.gather(empty_table, torch.tensor([0]))
 
 
 class TestCpuThreads(TestCase):
@@ -200,7 +206,7 @@ class TestGatherKernelCUDA(TestCase):
         empty_table = torch.empty(0, 4).to("unified")
         self.assertEqual(torch_direct.gather(empty_table, torch.empty(0, dtype=torch.long,
                                                                       device="cuda")).shape, (0, 4))
-        with self.assertRaisesRegex(IndexError, "0"):
+        with self.assertRaisesRegex(IndexError, "index 0 is out of bounds.*size 0"):
             torch_direct.gather(empty_table, torch.tensor([0], device="cuda"))
 
     def test_sm_cap_and_side_stream(self):
@@ -283,6 +289,12 @@ class TestGatherKernelCUDA(TestCase):
             torch.gather(u, 0, torch.full((2, 40), 3000, device="cuda"))
         with self.assertRaisesRegex(IndexError, "-1"):
             torch.gather(u, 0, torch.full((2, 40), -1, device="cuda"))
+        # Forms that go through the fallback's stock CUDA kernels: those take no
+        # negative index either, and must raise instead of asserting on device.
+        with self.assertRaisesRegex(IndexError, "-1"):
+            torch.index_select(u, 1, torch.tensor([0, -1], device="cuda"))
+        self.assertEqual(torch.index_select(u, 1, torch.tensor([39, 0], device="cuda")).cpu(),
+                         src[:, [39, 0]])
         # The kernel reads a CUDA table too (the gpu_resident reference).
         d = src.cuda()
         self.assertEqual(torch_direct.gather(d, ic).cpu(), src[i])

@@ -63,6 +63,14 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
         raise ValueError(f"gather: index must be on the CPU or a CUDA device, got {index.device}")
     if table.dim() == 0:
         raise ValueError("gather: table must have at least one dimension")
+    if order not in _ORDERS:
+        raise ValueError(f"gather: order must be one of {sorted(_ORDERS)}, got {order!r}")
+    if max_sms is not None and (not isinstance(max_sms, int) or max_sms <= 0):
+        raise ValueError(f"gather: max_sms must be a positive int, got {max_sms!r}")
+    if not isinstance(cpu_threads, int) or cpu_threads < 0:
+        raise ValueError(f"gather: cpu_threads must be an int >= 0, got {cpu_threads!r}")
+    if cpu_fraction is not None and not 0.0 <= float(cpu_fraction) <= 1.0:
+        raise ValueError(f"gather: cpu_fraction must be within [0, 1], got {cpu_fraction!r}")
     dtype = dtype or (out.dtype if out is not None else table.dtype)
     shape = (*index.shape, *table.shape[1:])
     if out is None:
@@ -81,14 +89,6 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
             problems.append("non-contiguous layout")
         if problems:
             raise ValueError("gather: out has " + ", ".join(problems))
-    if order not in _ORDERS:
-        raise ValueError(f"gather: order must be one of {sorted(_ORDERS)}, got {order!r}")
-    if max_sms is not None and (not isinstance(max_sms, int) or max_sms <= 0):
-        raise ValueError(f"gather: max_sms must be a positive int, got {max_sms!r}")
-    if not isinstance(cpu_threads, int) or cpu_threads < 0:
-        raise ValueError(f"gather: cpu_threads must be an int >= 0, got {cpu_threads!r}")
-    if cpu_fraction is not None and not 0.0 <= float(cpu_fraction) <= 1.0:
-        raise ValueError(f"gather: cpu_fraction must be within [0, 1], got {cpu_fraction!r}")
     flat = index.reshape(-1)
     rows_contiguous = table.shape[0] == 0 or table[0].is_contiguous()
     if index.device.type == "cpu" and table.device.type == "unified" and rows_contiguous:

@@ -113,14 +113,15 @@ c10::IValue substitute(const c10::IValue& v, c10::Device target, bool resizable,
   return v;
 }
 
-void check_range(const at::Tensor& index, int64_t size, const char* op) {
+void check_range(const at::Tensor& index, int64_t size, const char* op,
+                 bool allow_negative = true) {
   if (!index.defined() || index.numel() == 0 || index.scalar_type() == at::kBool ||
       index.scalar_type() == at::kByte) {
     return;
   }
   // One reduction and one sync: dedicated gather kernels check on the fly.
   auto [lo, hi] = at::aminmax(index);
-  check_index_bounds(lo.item<int64_t>(), hi.item<int64_t>(), size, op);
+  check_index_bounds(lo.item<int64_t>(), hi.item<int64_t>(), size, op, allow_negative);
 }
 
 // Invariant: no GPU kernel reads host memory through an unchecked index. CPU
@@ -132,13 +133,13 @@ void check_gather_indices(const c10::OperatorHandle& op, const torch::jit::Stack
   if (name == "aten::index_select" && arg(0).isTensor() && is_unified(arg(0).toTensor())) {
     const auto& self = arg(0).toTensor();
     const int64_t dim = c10::maybe_wrap_dim(arg(1).toInt(), std::max<int64_t>(self.dim(), 1));
-    check_range(arg(2).toTensor(), self.dim() == 0 ? 1 : self.size(dim), "index_select");
+    check_range(arg(2).toTensor(), self.dim() == 0 ? 1 : self.size(dim), "index_select", false);
   } else if (name == "aten::embedding" && is_unified(arg(0).toTensor())) {
-    check_range(arg(1).toTensor(), arg(0).toTensor().size(0), "embedding");
+    check_range(arg(1).toTensor(), arg(0).toTensor().size(0), "embedding", false);
   } else if (name == "aten::gather" && is_unified(arg(0).toTensor())) {
     const auto& self = arg(0).toTensor();
     const int64_t dim = c10::maybe_wrap_dim(arg(1).toInt(), std::max<int64_t>(self.dim(), 1));
-    check_range(arg(2).toTensor(), self.dim() == 0 ? 1 : self.size(dim), "gather");
+    check_range(arg(2).toTensor(), self.dim() == 0 ? 1 : self.size(dim), "gather", false);
   } else if (name == "aten::take" && is_unified(arg(0).toTensor())) {
     check_range(arg(1).toTensor(), arg(0).toTensor().numel(), "take");
   } else if ((name == "aten::index" || name == "aten::_index_put_impl_" || name == "aten::index_put" ||

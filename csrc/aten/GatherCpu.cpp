@@ -4,6 +4,7 @@
 
 #include "ParallelChunks.h"
 #include "Placement.h"
+#include "UnifiedKernels.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -16,25 +17,24 @@ namespace {
 
 template <typename index_t>
 void check_indices(const index_t* idx, int64_t n, int64_t rows, bool allow_negative) {
+  if (n == 0) {  // nothing to read (a table without rows included)
+    return;
+  }
   index_t lo = 0;
   index_t hi = 0;
   for (int64_t i = 0; i < n; ++i) {
     lo = std::min(lo, idx[i]);
     hi = std::max(hi, idx[i]);
   }
-  if (allow_negative) {
-    check_index_bounds(static_cast<int64_t>(lo), static_cast<int64_t>(hi), rows, "gather");
-  } else {
-    check_index_bounds_nonnegative(static_cast<int64_t>(lo), static_cast<int64_t>(hi), rows,
-                                   "gather");
-  }
+  check_index_bounds(static_cast<int64_t>(lo), static_cast<int64_t>(hi), rows, "gather",
+                     allow_negative);
 }
 
 template <typename index_t>
 void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Tensor& out,
                  int64_t max_threads) {
   const int64_t rows = table.size(0);
-  const int64_t width = table.numel() / std::max<int64_t>(rows, 1);
+  const int64_t width = row_width(table);
   const int64_t in_stride = table.stride(0);
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
   if (out.scalar_type() == table.scalar_type()) {
@@ -71,6 +71,14 @@ void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Ten
 
 } // namespace
 
+int64_t row_width(const at::Tensor& table) {
+  int64_t w = 1;
+  for (int64_t d = 1; d < table.dim(); ++d) {
+    w *= table.size(d);
+  }
+  return w;
+}
+
 // out[i, ...] = table[index[i], ...] for a unified `table` whose rows are
 // contiguous, a 1-D CPU integer `index` and a contiguous CPU `out` of shape
 // (len(index), *table.shape[1:]) in any dtype.
@@ -92,7 +100,7 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
                                    table.strides(), table.options().device(c10::kCPU));
   const at::Tensor idx = index.contiguous();
   const int64_t rows = table.size(0);
-  TORCH_CHECK(out.numel() == idx.numel() * (table.numel() / std::max<int64_t>(rows, 1)),
+  TORCH_CHECK(out.numel() == idx.numel() * row_width(table),
               "gather_rows_cpu: out has the wrong number of elements");
   AT_DISPATCH_INDEX_TYPES(idx.scalar_type(), "gather_rows_cpu", [&] {
     check_indices<index_t>(idx.const_data_ptr<index_t>(), idx.numel(), rows, allow_negative);

@@ -91,10 +91,7 @@ __global__ void index_stats_kernel(const index_t* __restrict__ idx, int64_t n, i
     lo = v < lo ? v : lo;
     hi = v > hi ? v : hi;
     if (i > 0) {
-      const long long p = static_cast<long long>(idx[i - 1]);
-      const long long a = p < 0 ? p + rows : p;
-      const long long b = v < 0 ? v + rows : v;
-      unsorted |= a > b;
+      unsorted |= to_row(idx[i - 1], rows) > to_row(idx[i], rows);
     }
   }
   for (int off = 16; off > 0; off >>= 1) {
@@ -309,16 +306,6 @@ void launch_cast(const char* table, int64_t stride_bytes, int64_t rows, const ke
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Elements per row: the product of the sizes after the first (so also for a
-// table of no rows).
-int64_t row_width(const at::Tensor& table) {
-  int64_t w = 1;
-  for (int64_t d = 1; d < table.dim(); ++d) {
-    w *= table.size(d);
-  }
-  return w;
-}
-
 bool castable(c10::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
 }
@@ -503,12 +490,7 @@ at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, a
   c10::cuda::CUDAGuard guard(index.device());
   const at::Tensor idx = index.contiguous();
   const IndexStats s = index_stats_cuda(idx, table.size(0));
-  // Before any read of the table.
-  if (allow_negative) {
-    check_index_bounds(s.min, s.max, table.size(0), op);
-  } else {
-    check_index_bounds_nonnegative(s.min, s.max, table.size(0), op);
-  }
+  check_index_bounds(s.min, s.max, table.size(0), op, allow_negative);  // before any read
   launch_gather(table, idx, out, order, max_sms, s);
   return out;
 }
@@ -530,13 +512,7 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   const int64_t width = row_width(table);
   const auto key = std::make_pair(static_cast<int>(idx.device().index()),
                                   width * static_cast<int64_t>(table.element_size()));
-  double f = cpu_fraction;
-  if (f < 0) {
-    std::lock_guard<std::mutex> g(rates_mutex());
-    const HybridRates r = rates()[key];
-    f = r.cpu > 0 && r.gpu > 0 ? r.cpu / (r.cpu + r.gpu) : kDefaultCpuFraction;
-    f = std::min(0.95, std::max(0.05, f));  // keep measuring both paths
-  }
+  double f = cpu_fraction < 0 ? hybrid_cpu_fraction(key.first, key.second) : cpu_fraction;
   f = std::min(1.0, std::max(0.0, f));
   const int64_t k = static_cast<int64_t>(std::llround(f * static_cast<double>(n)));
 
@@ -607,11 +583,8 @@ double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes) {
   if (it == rates().end() || it->second.cpu <= 0 || it->second.gpu <= 0) {
     return kDefaultCpuFraction;
   }
-  return it->second.cpu / (it->second.cpu + it->second.gpu);
-}
-
-int64_t cuda_sm_count(c10::DeviceIndex device) {
-  return sm_count(device);
+  const double f = it->second.cpu / (it->second.cpu + it->second.gpu);
+  return std::min(0.95, std::max(0.05, f));  // keep measuring both paths
 }
 
 } // namespace at::native::unified

@@ -148,7 +148,7 @@ at::Tensor gather_unified(const at::Tensor& self, int64_t dim, const at::Tensor&
     const int64_t d = c10::maybe_wrap_dim(dim, self.dim());
     if (index.numel() > 0) {
       const auto s = unified::index_stats_cuda(index.reshape(-1).contiguous(), self.size(d));
-      unified::check_index_bounds_nonnegative(s.min, s.max, self.size(d), "gather");
+      unified::check_index_bounds(s.min, s.max, self.size(d), "gather", /*allow_negative=*/false);
     }
     return at::gather(unified::alias_as(self, index.device()), d, index, sparse_grad);
   }

@@ -64,18 +64,13 @@ void check_no_grad(const at::Tensor& u, const char* what) {
               "gather rows first and make those require grad (rows = u[idx].requires_grad_()).");
 }
 
-void check_index_bounds(int64_t lo, int64_t hi, int64_t size, const char* op) {
+void check_index_bounds(int64_t lo, int64_t hi, int64_t size, const char* op,
+                        bool allow_negative) {
   using c10::unified::num;
-  TORCH_CHECK_INDEX(lo >= -size && hi < size, op, ": index ", num(lo < -size ? lo : hi),
+  const int64_t first = allow_negative ? -size : 0;
+  TORCH_CHECK_INDEX(lo >= first && hi < size, op, ": index ", num(lo < first ? lo : hi),
                     " is out of bounds for a unified table of size ", num(size),
-                    " (valid: ", num(-size), " to ", num(size - 1), ")");
-}
-
-void check_index_bounds_nonnegative(int64_t lo, int64_t hi, int64_t size, const char* op) {
-  using c10::unified::num;
-  TORCH_CHECK_INDEX(lo >= 0 && hi < size, op, ": index ", num(lo < 0 ? lo : hi),
-                    " is out of bounds for a unified table of size ", num(size), " (valid: 0 to ",
-                    num(size - 1), ")");
+                    " (valid: ", num(first), " to ", num(size - 1), ")");
 }
 
 void synchronize_for_host(const at::Tensor& u) {

@@ -42,11 +42,12 @@ at::Tensor rewrap_view(const at::Tensor& base, const at::Tensor& view);
 void check_no_grad(const at::Tensor& u, const char* what);
 
 // Raises IndexError unless every index in [lo, hi] (the smallest and largest
-// index asked for) is valid for `size` rows; negative indices count from the
-// end. `op` names the caller in the message.
-void check_index_bounds(int64_t lo, int64_t hi, int64_t size, const char* op);
-// The same for ops that take no negative indices (index_select, embedding, gather).
-void check_index_bounds_nonnegative(int64_t lo, int64_t hi, int64_t size, const char* op);
+// index asked for) is valid for `size` rows. With `allow_negative`, negative
+// indices count from the end (indexing, take); without, they are errors
+// (index_select, embedding, gather), as in the stock ops. `op` names the
+// caller in the message.
+void check_index_bounds(int64_t lo, int64_t hi, int64_t size, const char* op,
+                        bool allow_negative = true);
 
 // Waits for GPU work that may touch u's pages (before a host access).
 void synchronize_for_host(const at::Tensor& u);
