@@ -204,8 +204,9 @@ class TestAblation(_Tiny):
         return rc, out.getvalue(), err.getvalue()
 
     def test_record_has_every_row_and_levers_keep_the_batches(self):
+        # On the CPU (exact arithmetic order), where the GPU cache cannot apply.
         path = os.path.join(self.tmp.name, "ablation.json")
-        rc, out, err = self.bench("--out", path)
+        rc, out, err = self.bench("--out", path, "--device", "cpu")
         self.assertEqual(rc, 0, err)
         rec = json.load(open(path))
         self.assertEqual(rec["benchmark"], "train-ablation")
@@ -216,7 +217,7 @@ class TestAblation(_Tiny):
         self.assertEqual(rows["reorder"]["reorder"], "degree")
         self.assertEqual(rows["merge"]["merge_gathers"], 2)
         self.assertEqual(rows["all"]["reorder"], "degree")
-        self.assertIn("no GPU", rows["cache"]["note"])   # this test machine: the cache cannot apply
+        self.assertIn("no GPU", rows["cache"]["note"])   # --device cpu: the cache cannot apply
         for r in rec["rows"]:
             self.assertGreater(r["epoch_s"], 0)
             self.assertEqual(len(r["epoch_times_s"]), 2)
@@ -227,6 +228,19 @@ class TestAblation(_Tiny):
             self.assertEqual(r["test_acc"], base["test_acc"], msg=r["config"])
             self.assertIn(f"| {r['config']} |", out)
         self.assertEqual(rows["baseline"]["speedup"], 1.0)
+
+    @requires_gpu
+    def test_cache_applies_on_the_gpu(self):
+        path = os.path.join(self.tmp.name, "ablation_gpu.json")
+        rc, out, err = self.bench("--out", path, "--device", "cuda", "--configs", "baseline,cache",
+                                  "--cache-mb", "1")
+        self.assertEqual(rc, 0, err)
+        rows = {r["config"]: r for r in json.load(open(path))["rows"]}
+        self.assertEqual(rows["cache"]["note"], "")
+        self.assertEqual(rows["cache"]["cache_mb"], 1)
+        self.assertGreater(rows["cache"]["feature_store"]["cache_rows"], 0)
+        self.assertGreater(rows["cache"]["feature_store"]["cache_hit_rate"], 0.0)
+        self.assertEqual(rows["baseline"]["feature_store"]["cache_rows"], 0)
 
     def test_train_with_reorder_and_full_inference(self):
         from argparse import ArgumentParser
