@@ -219,28 +219,33 @@ int64_t grid_for(int64_t items, int64_t per_block, int max_sms, c10::DeviceIndex
   return std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(use) * 8));
 }
 
-// Bytes of table rows the whole grid has in flight at once (0: no cap). Reads
-// of host memory spread over too many pages at a time thrash the GPU's
-// address translation on large tables: on the H200 machine, 400K random rows
-// of a 32 GB table (read sorted) came 1.4x faster with a 256 KiB window than with a full
-// grid, while a 1 GB table lost 40% with it (results/gather_window.json).
-// TORCH_DIRECT_GATHER_WINDOW_KB overrides the choice.
+// Distinct table rows the whole grid has in flight at once (0: no cap). On a
+// large table each row read is a translation of its own page, and reads spread
+// over too many pages at a time thrash the GPU's address translation: on the
+// H200 machine, 400K random rows of a 32 GB table (read sorted) came 1.4x
+// faster with 2048 rows of 128 B in flight than with a full grid, while a 1 GB
+// table lost 40% with it (results/gather_window.json). The cap counts rows,
+// not bytes: a byte cap starves wide rows (1 KiB rows with 256 KiB in flight
+// reached 27 GB/s where stock index_select reached 47). TORCH_DIRECT_GATHER_WINDOW_ROWS
+// overrides the choice.
 constexpr int64_t kLargeTableBytes = int64_t(8) << 30;
-constexpr int64_t kLargeTableWindow = int64_t(256) << 10;
+constexpr int64_t kLargeTableWindowRows = 2048;
 
-int64_t window_bytes(int64_t table_bytes) {
-  if (const char* env = std::getenv("TORCH_DIRECT_GATHER_WINDOW_KB")) {
-    return std::max<int64_t>(0, std::atoll(env)) * 1024;
+int64_t window_rows(int64_t table_bytes) {
+  if (const char* env = std::getenv("TORCH_DIRECT_GATHER_WINDOW_ROWS")) {
+    return std::max<int64_t>(0, std::atoll(env));
   }
-  return table_bytes >= kLargeTableBytes ? kLargeTableWindow : 0;
+  return table_bytes >= kLargeTableBytes ? kLargeTableWindowRows : 0;
 }
 
-int64_t gather_grid(int64_t items, int64_t item_bytes, int max_sms, c10::DeviceIndex device,
+// Blocks for `items` work items of which `chunks` make one row.
+int64_t gather_grid(int64_t items, int64_t chunks, int max_sms, c10::DeviceIndex device,
                     int64_t table_bytes) {
   int64_t grid = grid_for(items, kThreads * kUnroll, max_sms, device);
-  const int64_t window = window_bytes(table_bytes);
+  const int64_t window = window_rows(table_bytes);
   if (window > 0) {
-    grid = std::min(grid, std::max<int64_t>(1, window / (kThreads * kUnroll * item_bytes)));
+    const int64_t per_block = kThreads * kUnroll;
+    grid = std::min(grid, std::max<int64_t>(1, (window * chunks + per_block - 1) / per_block));
   }
   return grid;
 }
@@ -265,7 +270,7 @@ void launch_copy(int unit, const char* table, int64_t stride_bytes, int64_t rows
                  const key_t* keys, const int32_t* pos, int64_t n, int64_t row_bytes, char* out,
                  bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
   const int64_t chunks = row_bytes / unit;
-  const int64_t grid = gather_grid(n * chunks, unit, max_sms, device, rows * stride_bytes);
+  const int64_t grid = gather_grid(n * chunks, chunks, max_sms, device, rows * stride_bytes);
   switch (unit) {
 #define TD_COPY_CASE(U)                                                                   \
   case U:                                                                                 \
@@ -295,11 +300,11 @@ void launch_cast(const char* table, int64_t stride_bytes, int64_t rows, const ke
   if (vec) {
     const int64_t chunks = width / V;
     const int64_t grid =
-        gather_grid(n * chunks, sizeof(in_t) * V, max_sms, device, rows * stride_bytes);
+        gather_grid(n * chunks, chunks, max_sms, device, rows * stride_bytes);
     gather_kernel<in_t, out_t, V, key_t><<<grid, kThreads, 0, stream>>>(
         table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe);
   } else {
-    const int64_t grid = gather_grid(n * width, sizeof(in_t), max_sms, device, rows * stride_bytes);
+    const int64_t grid = gather_grid(n * width, width, max_sms, device, rows * stride_bytes);
     gather_kernel<in_t, out_t, 1, key_t><<<grid, kThreads, 0, stream>>>(
         table, stride_bytes, rows, keys, pos, n, width, out, out_row_bytes, dedupe);
   }
