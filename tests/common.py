@@ -4,9 +4,11 @@ wheel; docs/fork.md)."""
 
 from __future__ import annotations
 
+import tempfile
 import unittest
 
 import torch
+from torch.testing._internal.common_utils import TestCase
 
 import torch_direct
 
@@ -33,3 +35,19 @@ def extension_only(why: str):
 def compute_device() -> torch.device:
     """Where rule R3 runs an op whose only tensor operands are unified."""
     return torch.device("cuda", torch.cuda.current_device()) if HAS_GPU else torch.device("cpu")
+
+
+class TinyDatasetCase(TestCase):
+    """The tiny preset in a temporary cache; torch's thread count restored afterwards."""
+
+    @classmethod
+    def setUpClass(cls):
+        from torch_direct.graph import load_dataset
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.ds = load_dataset("tiny", root=cls.tmp.name, show_progress=False)
+        cls.threads = torch.get_num_threads()
+
+    @classmethod
+    def tearDownClass(cls):
+        torch.set_num_threads(cls.threads)
+        cls.tmp.cleanup()

@@ -14,7 +14,7 @@ import torch_direct  # noqa: F401
 from torch_direct.graph import CSRGraph, NeighborSampler, NodeDataset, Reordering, load_dataset, reorder
 from torch_direct.graph.reorder import relabel_graph
 from torch_direct.pipeline import PipelinedLoader, make_feature_store
-from common import requires_gpu
+from common import TinyDatasetCase, requires_gpu
 
 
 def random_graph(n, e, seed, edge_ids=False):
@@ -128,19 +128,8 @@ class TestReorder(TestCase):
         self.assertEqual(relabel_graph(g, ro.perm, ro.inv).device, g.device)
 
 
-class _Tiny(TestCase):
-    """The tiny preset in a temporary cache; torch's thread count restored afterwards."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.ds = load_dataset("tiny", root=cls.tmp.name, show_progress=False)
-        cls.threads = torch.get_num_threads()
-
-    @classmethod
-    def tearDownClass(cls):
-        torch.set_num_threads(cls.threads)
-        cls.tmp.cleanup()
+class _Tiny(TinyDatasetCase):
+    pass
 
 
 class TestMergedGathers(_Tiny):

@@ -317,6 +317,28 @@ def layerwise_inference(model: GNN, graph, store, device, chunk: int = 65536, sh
     return h
 
 
+def full_test_accuracy(model, ds, store, device, show: bool) -> float:
+    """Test accuracy with full neighbourhoods (layer-wise inference over every node)."""
+    logits = layerwise_inference(model, ds.graph, store, device, show=show)
+    test = ds.split["test"]
+    y = ds.y[test]
+    mask = y >= 0
+    return float((logits[test].argmax(1)[mask] == y[mask]).float().mean())
+
+
+def load_for_run(args, show: bool):
+    """The data set of a run, relabelled when ``--reorder`` asks; (dataset, seconds spent reordering)."""
+    from ..graph import load_dataset
+    ds = load_dataset(args.dataset, root=args.root, seed=args.data_seed, show_progress=show)
+    reorder_s = 0.0
+    if args.reorder != "none":
+        from ..graph import reorder
+        t0 = time.perf_counter()
+        ds, _ = reorder(ds, args.reorder)   # results stay per node: accuracies need no mapping back
+        reorder_s = time.perf_counter() - t0
+    return ds, reorder_s
+
+
 def run(args) -> dict:
     """Train as ``args`` (the parsed options) say; print per-epoch lines; return the record."""
     from ..graph import GPUNeighborSampler, NeighborSampler, load_dataset
@@ -343,13 +365,7 @@ def run(args) -> dict:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    ds = load_dataset(args.dataset, root=args.root, seed=args.data_seed, show_progress=show)
-    reorder_s = 0.0
-    if args.reorder != "none":
-        from ..graph import reorder
-        t0 = time.perf_counter()
-        ds, _ = reorder(ds, args.reorder)   # results stay per node: accuracies need no mapping back
-        reorder_s = time.perf_counter() - t0
+    ds, reorder_s = load_for_run(args, show)
     merge = args.merge_gathers or max(2, args.prefetch)
     use_gpu_sampler = args.sampler == "gpu" or (
         args.sampler == "auto" and device.type == "cuda" and args.pipeline != "cpu_centric")
@@ -435,11 +451,7 @@ def run(args) -> dict:
         record["test_acc"] = evaluate(model, test_loader, device, show, "test")
     line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts})"
     if args.full_eval:
-        logits = layerwise_inference(model, ds.graph, store, device, show=show)
-        test = ds.split["test"]
-        y = ds.y[test]
-        mask = y >= 0
-        record["test_acc_full"] = float((logits[test].argmax(1)[mask] == y[mask]).float().mean())
+        record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show)
         line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
     record["feature_store"] = store.stats()
     print(line, flush=True)

@@ -1,0 +1,299 @@
+"""``python -m torch_direct.bench train``: the end-to-end benchmark of every training pipeline,
+and the PyG baseline (``torch_direct/pipeline/pyg_baseline.py``)."""
+
+import contextlib
+import io
+import json
+import os
+import unittest
+from argparse import ArgumentParser, Namespace
+from unittest import mock
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_direct  # noqa: F401
+from torch_direct.pipeline import pyg_baseline
+from torch_direct.pipeline.train import GNN, have_pyg
+from common import TinyDatasetCase, requires_gpu
+
+FAST = ["--threads", "1", "--layers", "builtin", "--hidden", "32", "--batch-size", "256", "--no-progress",
+        "--fanouts", "5,3", "--eval-fanouts", "5,3", "--epochs", "2", "--pyg-workers", "0"]
+ALL = ["unified", "cpu_centric", "gpu_resident", "pyg"]
+
+
+def bench(*argv):
+    from torch_direct.bench.__main__ import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(["train", *argv])
+        except SystemExit as e:
+            rc = e.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+def hop_sample(graph, seeds, fanouts):
+    """A PyG-shaped sampled subgraph (nodes and edges in hop order, per-hop counts), sampling
+    the first ``fanout`` neighbours of each frontier node: what pyg-lib's sampler returns."""
+    rowptr, col = graph.rowptr.long(), graph.col.long()
+    loc = torch.full((graph.num_nodes,), -1, dtype=torch.long)
+    loc[seeds] = torch.arange(seeds.numel())
+    nodes, n, frontier = [seeds], seeds.numel(), seeds
+    nsn, nse, src, dst = [n], [], [], []
+    for f in fanouts:
+        start = rowptr[frontier]
+        deg = rowptr[frontier + 1] - start
+        k = deg if f < 0 else deg.clamp(max=f)
+        off = torch.arange(int(k.sum())) - torch.repeat_interleave(torch.cumsum(k, 0) - k, k)
+        nbr = col[torch.repeat_interleave(start, k) + off]
+        new = torch.unique(nbr[loc[nbr] < 0])
+        loc[new] = torch.arange(n, n + new.numel())
+        n += new.numel()
+        src.append(loc[nbr])
+        dst.append(loc[torch.repeat_interleave(frontier, k)])
+        nsn.append(new.numel())
+        nse.append(nbr.numel())
+        nodes.append(new)
+        frontier = new
+    return torch.cat(nodes), torch.stack([torch.cat(src), torch.cat(dst)]), nsn, nse
+
+
+class FakeNeighborLoader:
+    """Stands in for PyG's NeighborLoader where neither pyg-lib nor torch-sparse is installed,
+    so the PyG pipeline's training loop runs here too."""
+
+    def __init__(self, graph, data, input_nodes, fanouts, batch_size, *, shuffle, num_workers, pin_memory,
+                 generator=None, counts=True):
+        self.graph, self.data, self.ids, self.fanouts = graph, data, input_nodes, fanouts
+        self.batch_size, self.shuffle, self.generator, self.counts = batch_size, shuffle, generator, counts
+
+    def __len__(self):
+        return (self.ids.numel() + self.batch_size - 1) // self.batch_size
+
+    def __iter__(self):
+        from torch_geometric.data import Data
+        ids = self.ids[torch.randperm(self.ids.numel(), generator=self.generator)] if self.shuffle else self.ids
+        for seeds in ids.split(self.batch_size):
+            n_id, edge_index, nsn, nse = hop_sample(self.graph, seeds, self.fanouts)
+            b = Data(x=self.data.x[n_id], y=self.data.y[n_id], edge_index=edge_index, n_id=n_id)
+            b.batch_size = seeds.numel()
+            if self.counts:
+                b.num_sampled_nodes, b.num_sampled_edges = nsn, nse
+            yield b
+
+
+class _Tiny(TinyDatasetCase):
+    def fake_loader(self, counts=True):
+        graph = self.ds.graph
+        return lambda *a, **kw: FakeNeighborLoader(graph, *a, counts=counts, **kw)
+
+
+class TestBenchTrainCPU(_Tiny):
+    """One run of every pipeline on the CPU, shared by the checks below."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.path = os.path.join(cls.tmp.name, "train.json")
+        cls.svg = os.path.join(cls.tmp.name, "train.svg")
+        cls.rc, cls.out, cls.err = bench("--root", cls.tmp.name, *FAST, "--device", "cpu", "--out", cls.path,
+                                         "--plot", cls.svg)
+        with open(cls.path) as f:
+            cls.rec = json.load(f)
+        cls.rows = {r["pipeline"]: r for r in cls.rec["rows"]}
+
+    def test_a_row_per_pipeline(self):
+        self.assertEqual(self.rc, 0, self.err)
+        self.assertEqual(self.rec["benchmark"], "train")
+        self.assertEqual(self.rec["pipelines"], ALL)
+        self.assertEqual([r["pipeline"] for r in self.rec["rows"]], ALL)
+        self.assertIn("host", self.rec["machine"])
+        for name in ("unified", "cpu_centric"):
+            r = self.rows[name]
+            self.assertEqual(r["status"], "ok")
+            self.assertEqual(len(r["epoch_times_s"]), 2)
+            self.assertEqual(r["epoch_s"], r["epoch_times_s"][1])     # the median after the first
+            self.assertEqual(set(r["exposed_s"]), {"sample", "gather", "transfer"})
+            self.assertGreater(r["test_acc"], 0)
+            self.assertIn(f"| {name} | {r['epoch_s']:.3f} |", self.out)
+
+    def test_same_seed_same_training_on_the_cpu(self):
+        u, c = self.rows["unified"], self.rows["cpu_centric"]
+        self.assertEqual(u["losses"], c["losses"])
+        self.assertEqual(u["train_acc"], c["train_acc"])
+        self.assertEqual(u["test_acc"], c["test_acc"])
+
+    def test_gpu_resident_skipped_on_the_cpu(self):
+        r = self.rows["gpu_resident"]
+        self.assertEqual(r["status"], "skipped")     # --device cpu, GPU or not
+        self.assertIn("GPU", r["reason"])
+        self.assertIn("| gpu_resident | - |", self.out)
+        self.assertNotIn("gpu_resident_vs_unified", self.rec["ratios"])
+
+    def test_pyg_row(self):
+        r = self.rows["pyg"]
+        reason = pyg_baseline.unavailable()
+        if reason is None:
+            self.assertEqual(r["status"], "ok", r.get("reason"))
+            self.assertGreater(r["test_acc"], 0)
+            self.assertIn("unified_vs_pyg", self.rec["ratios"])
+        else:
+            self.assertEqual(r["status"], "skipped")
+            self.assertEqual(r["reason"], reason)
+            self.assertIn("pyg-lib or torch-sparse" if have_pyg() else "torch_geometric", r["reason"])
+            self.assertNotIn("unified_vs_pyg", self.rec["ratios"])
+
+    def test_ratios(self):
+        u, c = self.rows["unified"], self.rows["cpu_centric"]
+        self.assertEqual(self.rec["ratios"]["unified_vs_cpu_centric"], c["epoch_s"] / u["epoch_s"])
+        self.assertEqual(u["speedup_vs"]["cpu_centric"], c["epoch_s"] / u["epoch_s"])
+        self.assertEqual(c["speedup_vs"]["unified"], u["epoch_s"] / c["epoch_s"])
+        self.assertNotIn("gpu_resident", u["speedup_vs"])
+        self.assertIn("unified_vs_cpu_centric:", self.out)
+
+    def test_plot(self):
+        with open(self.svg) as f:
+            svg = f.read()
+        self.assertTrue(svg.startswith("<svg"))
+        self.assertIn(">unified<", svg)
+        self.assertIn("not run: gpu_resident", svg)
+
+
+class TestPyGBaseline(_Tiny):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if not have_pyg():
+            raise unittest.SkipTest("needs torch_geometric")
+
+    def test_trimmed_blocks_give_the_full_subgraph_outputs(self):
+        # The blocks cut from the per-hop counts compute the seeds' outputs of the whole subgraph.
+        seeds = self.ds.split["train"][:50]
+        n_id, edge_index, nsn, nse = hop_sample(self.ds.graph, seeds, [5, 3, 2])
+        x = self.ds.x[n_id]
+        trimmed, mode = pyg_baseline.batch_to_adjs(n_id.numel(), 50, edge_index, 3, nsn, nse)
+        self.assertEqual(mode, "trimmed")
+        self.assertEqual([a[2] for a in trimmed], [(sum(nsn), sum(nsn[:3])), (sum(nsn[:3]), sum(nsn[:2])),
+                                                   (sum(nsn[:2]), 50)])
+        for ei, _, (n_src, n_dst) in trimmed:
+            self.assertLess(int(ei[0].max()), n_src)
+            self.assertLess(int(ei[1].max()), n_dst)
+        full, mode = pyg_baseline.batch_to_adjs(n_id.numel(), 50, edge_index, 3)
+        self.assertEqual(mode, "full")
+        for use_pyg in (False, True):
+            torch.manual_seed(0)
+            model = GNN("sage", x.size(1), 16, self.ds.num_classes, 3, use_pyg=use_pyg).eval()
+            with torch.no_grad():
+                a, b = model(x, trimmed), model(x, full)[:50]
+            self.assertEqual(a.shape, (50, self.ds.num_classes))
+            self.assertEqual(a, b, atol=1e-5, rtol=1e-5)
+
+    def run_pyg(self, counts, *extra):
+        from torch_direct.bench import train as bt
+        p = ArgumentParser()
+        bt.add_arguments(p)
+        args = p.parse_args(["--root", self.tmp.name, *FAST, "--device", "cpu", *extra])
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return pyg_baseline.run(args, make_loader=self.fake_loader(counts))
+
+    def test_training_loop_with_a_stand_in_loader(self):
+        rec = self.run_pyg(True, "--full-eval")
+        self.assertEqual(rec["block_mode"], "trimmed")
+        self.assertEqual(len(rec["epochs"]), 2)
+        for e in rec["epochs"]:
+            self.assertGreater(e["total_s"], 0)
+            self.assertEqual(set(e["exposed_s"]), {"sample", "gather", "transfer"})
+            self.assertEqual(e["batches"], 6)    # 1500 train nodes / 256
+        self.assertLess(rec["epochs"][1]["loss"], rec["epochs"][0]["loss"])
+        self.assertGreater(rec["test_acc"], 1 / self.ds.num_classes)
+        self.assertGreater(rec["test_acc_full"], 0)
+        # Without the per-hop counts (torch-sparse): the whole subgraph at every layer, the same
+        # math (without dropout, which draws a mask per row: the full subgraph has more rows).
+        trimmed, full = self.run_pyg(True, "--dropout", "0"), self.run_pyg(False, "--dropout", "0")
+        self.assertEqual((trimmed["block_mode"], full["block_mode"]), ("trimmed", "full"))
+        self.assertEqual([e["loss"] for e in full["epochs"]], [e["loss"] for e in trimmed["epochs"]],
+                         atol=1e-5, rtol=1e-5)
+        self.assertLessEqual(abs(full["test_acc"] - trimmed["test_acc"]), 2 / 900)
+
+    def test_bench_row_with_a_stand_in_loader(self):
+        path = os.path.join(self.tmp.name, "pyg.json")
+        fake = self.fake_loader()
+        with mock.patch.object(pyg_baseline, "unavailable", lambda: None), \
+                mock.patch.object(pyg_baseline, "neighbor_loader", fake):
+            rc, out, err = bench("--root", self.tmp.name, *FAST, "--device", "cpu", "--out", path,
+                                 "--pipelines", "pyg,unified")
+        self.assertEqual(rc, 0, err)
+        rec = json.load(open(path))
+        rows = {r["pipeline"]: r for r in rec["rows"]}
+        self.assertEqual(rows["pyg"]["status"], "ok")
+        self.assertEqual(rows["pyg"]["block_mode"], "trimmed")
+        self.assertEqual(rows["pyg"]["exposed_s"]["gather"], 0.0)
+        self.assertEqual(rec["ratios"]["unified_vs_pyg"], rows["pyg"]["epoch_s"] / rows["unified"]["epoch_s"])
+        self.assertIn("| pyg |", out)
+
+    def test_missing_sampler_is_reported(self):
+        import torch_geometric.typing as t
+        with mock.patch.object(t, "WITH_PYG_LIB", False), mock.patch.object(t, "WITH_TORCH_SPARSE", False):
+            self.assertEqual(pyg_baseline.unavailable(), pyg_baseline.SAMPLER_MISSING)
+            with self.assertRaisesRegex(ImportError, "pyg-lib or torch-sparse"):
+                pyg_baseline.run(Namespace())      # before it reads any option
+
+
+class TestBenchTrainInput(TestCase):
+    def test_bad_pipelines(self):
+        for bad, msg in (("unified,bogus", "'bogus'"), (",", "empty list"), ("", "empty list")):
+            rc, out, err = bench("--pipelines", bad, "--out", os.devnull)
+            self.assertEqual(rc, 2, msg=bad)
+            self.assertIn(msg, err)
+            self.assertIn("unified, cpu_centric, gpu_resident, pyg", err)
+
+    def test_pipeline_is_not_pipelines(self):
+        rc, _, err = bench("--pipeline", "unified", "--out", os.devnull)
+        self.assertEqual(rc, 2)
+        self.assertIn("--pipelines unified", err)
+
+    def test_bad_plot_path(self):
+        rc, _, err = bench("--plot", "chart.pdf", "--out", os.devnull)
+        self.assertEqual(rc, 2)
+        self.assertIn(".svg", err)
+
+    def test_help(self):
+        rc, out, _ = bench("--help")
+        self.assertEqual(rc, 0)
+        for opt in ("--pipelines", "--pyg-workers", "--out", "--plot", "--epochs"):
+            self.assertIn(opt, out)
+
+    def test_default_out(self):
+        from torch_direct.bench import train as bt
+        p = ArgumentParser()
+        bt.add_arguments(p)
+        args = p.parse_args(["--dataset", "products-like"])
+        self.assertEqual(args.epochs, 3)
+        self.assertEqual((args.model, args.hidden, args.fanouts, args.batch_size), ("sage", 256, [15, 10, 5], 1024))
+        self.assertEqual(str(bt.out_path(args)), os.path.join("results", "train_products-like.json"))
+
+
+class TestBenchTrainGPU(_Tiny):
+    @requires_gpu
+    def test_every_pipeline_on_the_gpu(self):
+        path = os.path.join(self.tmp.name, "gpu.json")
+        rc, out, err = bench("--root", self.tmp.name, *FAST, "--device", "cuda", "--out", path)
+        self.assertEqual(rc, 0, err)
+        rec = json.load(open(path))
+        rows = {r["pipeline"]: r for r in rec["rows"]}
+        self.assertEqual(list(rows), ALL)
+        for name in ("unified", "cpu_centric", "gpu_resident"):
+            self.assertEqual(rows[name]["status"], "ok", rows[name].get("reason"))
+            self.assertTrue(rows[name]["device"].startswith("cuda"))
+            self.assertGreater(rows[name]["epoch_s"], 0)
+        if rows["pyg"]["status"] != "ok":
+            self.assertEqual(rows["pyg"]["reason"], pyg_baseline.unavailable())
+        for k in ("unified_vs_cpu_centric", "gpu_resident_vs_unified") + (
+                ("unified_vs_pyg",) if rows["pyg"]["status"] == "ok" else ()):
+            self.assertIsInstance(rec["ratios"][k], float)
+            self.assertGreater(rec["ratios"][k], 0)
+
+
+if __name__ == "__main__":
+    run_tests()

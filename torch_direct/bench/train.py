@@ -1,0 +1,239 @@
+"""train: end-to-end epoch time of each training pipeline on the same data, model and seeds.
+
+    python -m torch_direct.bench train --dataset products-like --epochs 3 \\
+        --pipelines unified,cpu_centric,gpu_resident,pyg --out results/train_products-like.json --plot train.svg
+
+Trains the same model (default GraphSAGE, hidden 256, fanouts 15,10,5, batch 1024) with the
+same seeds once per pipeline: ``unified`` (zero-copy gathers from pinned host memory),
+``cpu_centric`` (CPU slicing into pinned buffers + DMA), ``gpu_resident`` (every feature on
+the GPU) and ``pyg`` (PyG's NeighborLoader with worker processes and ``.to(device)``, the path a
+PyG user writes; see ``torch_direct/pipeline/pyg_baseline.py``). Prints one table (epoch time,
+speed relative to unified, the exposed loader time per stage, final loss, test accuracy) and
+the headline ratios (``unified_vs_cpu_centric`` = cpu_centric epoch / unified epoch,
+``unified_vs_pyg``, ``gpu_resident_vs_unified`` = unified epoch / gpu_resident epoch), and writes
+the JSON record after each pipeline (a killed run keeps what it measured). The epoch time is the
+median over the epochs after the first (the first warms up), or the one epoch when
+``--epochs 1``; the exposed stage times are medians over the same epochs.
+
+Every option of ``python -m torch_direct train`` applies to every pipeline (``--json`` is
+another name for ``--out``; ``--pipeline`` is replaced by ``--pipelines``); ``--cache-mb``
+applies to unified only and the PyG pipeline does not merge gathers. A pipeline that cannot
+run here is recorded as skipped with the reason: ``gpu_resident`` without a GPU or with
+``--device cpu``, ``pyg`` without torch_geometric or without pyg-lib / torch-sparse (its
+NeighborLoader's sampler). A pipeline that fails while running (out of memory, say) is
+recorded as failed with the error, the others still run, and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import io
+import os
+import re
+import statistics
+import sys
+from pathlib import Path
+
+from .ablation import _epoch_seconds
+from .common import machine_record, write_json
+
+PIPELINES = ("unified", "cpu_centric", "gpu_resident", "pyg")
+# Headline ratios: name -> (numerator pipeline, denominator pipeline) of epoch seconds.
+RATIOS = {"unified_vs_cpu_centric": ("cpu_centric", "unified"),
+          "unified_vs_pyg": ("pyg", "unified"),
+          "gpu_resident_vs_unified": ("unified", "gpu_resident")}
+
+
+def _set_help(ap: argparse.ArgumentParser, dest: str, text: str) -> None:
+    for action in ap._actions:
+        if action.dest == dest:
+            action.help = text
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    from ..pipeline import train
+    train.add_arguments(ap)
+    ap.set_defaults(epochs=3, pipeline=None)
+    _set_help(ap, "epochs", "training epochs per pipeline (default: %(default)s)")
+    _set_help(ap, "pipeline", "not used here: give --pipelines")
+    _set_help(ap, "json", "another name for --out")
+    _set_help(ap, "plot", "also draw a bar chart of the epoch time per pipeline, stacked by exposed "
+                          "loader stage, to PATH (.svg; .png with matplotlib)")
+    ap.add_argument("--pipelines", default=",".join(PIPELINES),
+                    help="pipelines to run, comma-separated, from the default list (default: %(default)s)")
+    ap.add_argument("--pyg-workers", type=train._nonneg_int, default=min(4, os.cpu_count() or 1),
+                    help="worker processes of the pyg pipeline's NeighborLoader (default: min(4, CPUs) "
+                         "= %(default)s)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSON record (default: results/train_<dataset>.json)")
+    ap.add_argument("--verbose", action="store_true", help="show each training run's own output")
+
+
+def parse_pipelines(text: str) -> list[str]:
+    """The names in a ``--pipelines`` list, in order, each once; ValueError for an unknown name
+    or an empty list."""
+    wanted = []
+    for name in (p.strip() for p in text.split(",")):
+        if name and name not in wanted:
+            wanted.append(name)
+    bad = [p for p in wanted if p not in PIPELINES]
+    if bad or not wanted:
+        raise ValueError(f"--pipelines: unknown {', '.join(map(repr, bad)) if bad else 'empty list'}; "
+                         f"choose from {', '.join(PIPELINES)}")
+    return wanted
+
+
+def out_path(args) -> Path:
+    if args.json:
+        return Path(args.json)
+    if args.out:
+        return Path(args.out)
+    return Path("results") / f"train_{re.sub(r'[^A-Za-z0-9_.-]', '_', Path(str(args.dataset)).name)}.json"
+
+
+def _skip_reason(name: str, device) -> str | None:
+    if name == "gpu_resident" and device.type != "cuda":
+        from ..pipeline.features import _cuda_usable
+        if _cuda_usable():
+            return "gpu_resident keeps every feature in GPU memory: not run with --device cpu"
+        return "gpu_resident keeps every feature in GPU memory: no usable CUDA GPU here"
+    if name == "pyg":
+        from ..pipeline import pyg_baseline
+        return pyg_baseline.unavailable()
+    return None
+
+
+def _row(name: str, rec: dict, note: str) -> dict:
+    epochs = rec["epochs"]
+    timed = epochs[1:] if len(epochs) > 1 else epochs      # the epochs _epoch_seconds takes
+    exposed = {k: statistics.median(e["exposed_s"][k] for e in timed) for k in ("sample", "gather", "transfer")}
+    row = {"pipeline": name, "status": "ok", "epoch_s": _epoch_seconds(rec),
+           "epoch_times_s": [e["total_s"] for e in epochs],
+           "train_step_s": statistics.median(e["train_step_s"] for e in timed),
+           "loader_wait_s": statistics.median(e["loader_wait_s"] for e in timed),
+           "exposed_s": exposed, "losses": [e["loss"] for e in epochs],
+           "train_acc": [e["train_acc"] for e in epochs], "valid_acc": [e["valid_acc"] for e in epochs],
+           "test_acc": rec["test_acc"], "backend": rec["backend"], "sampler": rec["sampler"],
+           "device": rec["device"], "note": note}
+    if "test_acc_full" in rec:
+        row["test_acc_full"] = rec["test_acc_full"]
+    for k in ("feature_store", "block_mode", "num_workers"):
+        if k in rec:
+            row[k] = rec[k]
+    return row
+
+
+def _run_one(name: str, args, device) -> dict:
+    from ..pipeline import pyg_baseline, train
+    reason = _skip_reason(name, device)
+    if reason:
+        return {"pipeline": name, "status": "skipped", "reason": reason, "epoch_s": None}
+    a = copy.copy(args)
+    a.pipeline = name
+    a.json = a.plot = None
+    notes = []
+    if args.cache_mb and name != "unified":
+        a.cache_mb = 0
+        notes.append(f"no cache: --cache-mb applies to unified, not {name}")
+    if name == "pyg" and args.merge_gathers != 1:
+        notes.append("no merged gathers: PyG's loader gathers per batch")
+    if name == "pyg" and args.sampler != "auto":
+        notes.append("--sampler does not apply: PyG samples in its loader")
+    out = io.StringIO()
+    ctx = contextlib.nullcontext() if args.verbose else contextlib.redirect_stdout(out)
+    try:
+        with ctx:
+            rec = pyg_baseline.run(a) if name == "pyg" else train.run(a)
+    except ImportError as e:    # PyG's loader found no sampler after all
+        return {"pipeline": name, "status": "skipped", "reason": str(e), "epoch_s": None}
+    except (RuntimeError, MemoryError) as e:   # out of memory, a CUDA error: the others still run
+        return {"pipeline": name, "status": "failed", "reason": f"{type(e).__name__}: {e}", "epoch_s": None}
+    return _row(name, rec, "; ".join(notes))
+
+
+def add_ratios(record: dict) -> None:
+    """Each ran row's ``speedup_vs`` (other's epoch / this epoch, per other ran pipeline) and the
+    record's headline ``ratios`` (where both sides ran)."""
+    ran = {r["pipeline"]: r for r in record["rows"] if r["status"] == "ok" and r["epoch_s"] > 0}
+    for r in record["rows"]:
+        if r["status"] == "ok":
+            r["speedup_vs"] = {o: ran[o]["epoch_s"] / r["epoch_s"] for o in ran if o != r["pipeline"]} \
+                if r["epoch_s"] > 0 else {}
+    record["ratios"] = {k: ran[a]["epoch_s"] / ran[b]["epoch_s"] for k, (a, b) in RATIOS.items()
+                        if a in ran and b in ran}
+
+
+def run_bench(args, path: Path | None = None) -> dict:
+    """Run each pipeline; the record (rewritten at ``path`` after each pipeline when given)."""
+    import torch
+
+    from ..pipeline import train
+    wanted = parse_pipelines(args.pipelines)
+    if args.pipeline is not None:
+        raise ValueError(f"--pipeline: this benchmark runs every pipeline of --pipelines; "
+                         f"give --pipelines {args.pipeline}")
+    if args.plot:
+        from ..pipeline.plot import check_bench_plot_path
+        check_bench_plot_path(args.plot)
+    device = train._resolve_device(args.device)
+    record = {"benchmark": "train", "machine": machine_record(), "device": str(device),
+              "torch_threads": args.threads or torch.get_num_threads(),
+              "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
+              "pipelines": wanted, "rows": [], "ratios": {}}
+    for name in wanted:
+        print(f"{name}: running", file=sys.stderr, flush=True)
+        row = _run_one(name, args, device)
+        record["rows"].append(row)
+        add_ratios(record)
+        if path is not None:
+            write_json(path, record)
+        msg = f"epoch {row['epoch_s']:.3f} s" if row["status"] == "ok" else f"{row['status']}: {row['reason']}"
+        print(f"{name}: {msg}", file=sys.stderr, flush=True)
+    return record
+
+
+def _fmt(v, spec: str, suffix: str = "") -> str:
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+def print_table(record: dict) -> None:
+    a = record["args"]
+    print(f"train: {a['dataset']}, model {a['model']}, hidden {a['hidden']}, fanouts "
+          f"{','.join(map(str, a['fanouts']))}, batch {a['batch_size']}, {a['epochs']} epochs, "
+          f"device {record['device']}")
+    print("| pipeline | epoch s | vs unified | exposed s sample/gather/transfer | final loss | test acc | note |")
+    print("|---|---|---|---|---|---|---|")
+    for r in record["rows"]:
+        if r["status"] != "ok":
+            print(f"| {r['pipeline']} | - | - | - | - | - | {r['status']}: {r['reason']} |")
+            continue
+        vs = 1.0 if r["pipeline"] == "unified" else r["speedup_vs"].get("unified")
+        ex = r["exposed_s"]
+        print(f"| {r['pipeline']} | {r['epoch_s']:.3f} | {_fmt(vs, '.2f', 'x')} | "
+              f"{ex['sample']:.3f}/{ex['gather']:.3f}/{ex['transfer']:.3f} | {r['losses'][-1]:.4f} | "
+              f"{r['test_acc']:.4f} | {r['note']} |")
+    print("(vs unified: unified's epoch time / the row's, above 1 = faster than unified)")
+    for k, (num, den) in RATIOS.items():
+        v = record["ratios"].get(k)
+        if v is not None:
+            print(f"{k}: {v:.2f}x ({num} epoch / {den} epoch)")
+
+
+def run(args) -> int:
+    path = out_path(args)
+    try:
+        record = run_bench(args, path)
+    except (ValueError, RuntimeError, TypeError, FileNotFoundError) as e:
+        print(f"train: error: {e}", file=sys.stderr)
+        return 2
+    print_table(record)
+    print(f"wrote {path}")
+    if args.plot:
+        from ..pipeline.plot import write_bench_plot
+        try:
+            print(f"wrote {write_bench_plot(record, args.plot)}")
+        except ValueError as e:     # nothing ran: no bar to draw
+            print(f"train: no plot: {e}", file=sys.stderr)
+    return 1 if any(r["status"] == "failed" for r in record["rows"]) else 0
