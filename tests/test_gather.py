@@ -118,6 +118,24 @@ class TestCpuThreads(TestCase):
         self.assertGreaterEqual(torch_direct._C._parallel_threads_used(2), 2)
         self.assertEqual(torch_direct._C._parallel_threads_used(1), 1)
 
+    @extension_only("_parallel_threads_used is a test hook of the extension's module")
+    def test_as_many_threads_as_asked_beyond_the_interop_pool(self):
+        # PyTorch's inter-op pool is sized to the physical cores; a gather asked
+        # for more threads must still get them all at once.
+        want = torch.get_num_interop_threads() + 3
+        self.assertEqual(torch_direct._C._parallel_threads_used(want), want)
+        self.assertEqual(torch_direct._C._parallel_threads_used(3), 3)  # a grown pool serves fewer too
+
+    @extension_only("_parallel_threads_used is a test hook of the extension's module")
+    def test_forked_child_gets_threads_of_its_own(self):
+        import multiprocessing as mp
+        # The parent's pool exists before the fork; its threads do not exist in the child.
+        torch_direct._C._parallel_threads_used(4)
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as pool:
+            got = pool.apply_async(torch_direct._C._parallel_threads_used, (4,)).get(timeout=60)
+        self.assertEqual(got, 4)
+
     def test_bad_index_in_the_last_chunk(self):
         src = torch.randn(100000, 4)
         u = src.to("unified")
