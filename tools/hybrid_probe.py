@@ -39,7 +39,7 @@ def main():
     base.uniform_(-1, 1)
     g = torch.Generator().manual_seed(0)
     res = []
-    for row_bytes in (128, 512):
+    for row_bytes in (128, 512, 1024):
         rows = nbytes // row_bytes
         table = base[: rows * row_bytes // 4].view(rows, row_bytes // 4)
         idx = torch.randint(0, rows, (400000,), generator=g).cuda()
@@ -48,7 +48,7 @@ def main():
         rec = {"row_bytes": row_bytes, "table_gb": gb}
         for name in ("ours", "cpu_centric", "naive_uva_sorted"):
             rec[name] = moved / med(m[name]) / 1e9
-        for f in (0.25, 0.5, 0.7, 0.85):
+        for f in (0.0, 0.25, 0.4, 0.55, 0.7, 1.0):
             rec[f"hybrid_{f}"] = moved / med(lambda: torch_direct.gather(
                 table, idx, cpu_threads=threads, cpu_fraction=f)) / 1e9
         rec["hybrid_auto"] = moved / med(lambda: torch_direct.gather(
