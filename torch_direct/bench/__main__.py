@@ -1,4 +1,4 @@
-"""python -m torch_direct.bench BENCHMARK [options]   (BENCHMARK: gather, train, train-ablation)"""
+"""python -m torch_direct.bench BENCHMARK [options]   (BENCHMARK: gather, train, train-ablation, scaling)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m torch_direct.bench",
                                  description="PyTorch-Direct benchmarks; each writes JSON and can plot it.")
     sub = ap.add_subparsers(dest="bench")
-    from . import ablation, gather, train
+    from . import ablation, gather, scaling, train
 
     gather.add_arguments(sub.add_parser("gather", help=gather.__doc__.splitlines()[0],
                                         description=gather.__doc__,
@@ -21,6 +21,9 @@ def main(argv=None) -> int:
     ablation.add_arguments(sub.add_parser("train-ablation", help=ablation.__doc__.splitlines()[0],
                                           description=ablation.__doc__,
                                           formatter_class=argparse.RawDescriptionHelpFormatter))
+    scaling.add_arguments(sub.add_parser("scaling", help=scaling.__doc__.splitlines()[0],
+                                         description=scaling.__doc__,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter))
     args = ap.parse_args(argv)
     if args.bench == "gather":
         return gather.run(args)
@@ -28,6 +31,8 @@ def main(argv=None) -> int:
         return train.run(args)
     if args.bench == "train-ablation":
         return ablation.run(args)
+    if args.bench == "scaling":
+        return scaling.run(args)
     ap.print_help()
     return 2
 

@@ -62,6 +62,14 @@ def time_it(fn: Callable[[], object], repeats: int, warmup: int, gpu: bool) -> d
             "repeats": repeats, "all_s": walls}
 
 
+def print_markdown(header: list[str], rows: list[list]) -> None:
+    """A markdown table: one line per row, cells as given (already formatted)."""
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
+
+
 def write_json(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from .ablation import _epoch_seconds
-from .common import machine_record, write_json
+from .common import machine_record, print_markdown, write_json
 
 PIPELINES = ("unified", "cpu_centric", "gpu_resident", "pyg")
 # Headline ratios: name -> (numerator pipeline, denominator pipeline) of epoch seconds.
@@ -203,17 +203,18 @@ def print_table(record: dict) -> None:
     print(f"train: {a['dataset']}, model {a['model']}, hidden {a['hidden']}, fanouts "
           f"{','.join(map(str, a['fanouts']))}, batch {a['batch_size']}, {a['epochs']} epochs, "
           f"device {record['device']}")
-    print("| pipeline | epoch s | vs unified | exposed s sample/gather/transfer | final loss | test acc | note |")
-    print("|---|---|---|---|---|---|---|")
+    rows = []
     for r in record["rows"]:
         if r["status"] != "ok":
-            print(f"| {r['pipeline']} | - | - | - | - | - | {r['status']}: {r['reason']} |")
+            rows.append([r["pipeline"], "-", "-", "-", "-", "-", f"{r['status']}: {r['reason']}"])
             continue
         vs = 1.0 if r["pipeline"] == "unified" else r["speedup_vs"].get("unified")
         ex = r["exposed_s"]
-        print(f"| {r['pipeline']} | {r['epoch_s']:.3f} | {_fmt(vs, '.2f', 'x')} | "
-              f"{ex['sample']:.3f}/{ex['gather']:.3f}/{ex['transfer']:.3f} | {r['losses'][-1]:.4f} | "
-              f"{r['test_acc']:.4f} | {r['note']} |")
+        rows.append([r["pipeline"], f"{r['epoch_s']:.3f}", _fmt(vs, ".2f", "x"),
+                     f"{ex['sample']:.3f}/{ex['gather']:.3f}/{ex['transfer']:.3f}", f"{r['losses'][-1]:.4f}",
+                     f"{r['test_acc']:.4f}", r["note"]])
+    print_markdown(["pipeline", "epoch s", "vs unified", "exposed s sample/gather/transfer", "final loss",
+                    "test acc", "note"], rows)
     print("(vs unified: unified's epoch time / the row's, above 1 = faster than unified)")
     for k, (num, den) in RATIOS.items():
         v = record["ratios"].get(k)

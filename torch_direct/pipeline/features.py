@@ -221,10 +221,12 @@ class GPUResidentFeatureStore(FeatureStore):
 
 
 def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, cache_bytes: int = 0,
-                       degree=None) -> FeatureStore:
-    """A store of ``kind`` (one of :data:`KINDS`) over ``x``, serving ``device``."""
+                       degree=None, pin_inplace: bool = False) -> FeatureStore:
+    """A store of ``kind`` (one of :data:`KINDS`) over ``x``, serving ``device``
+    (``pin_inplace``: the unified store maps ``x``'s own pages instead of copying them)."""
     if kind == "unified":
-        return UnifiedFeatureStore(x, device, dtype, cache_bytes=cache_bytes, degree=degree)
+        return UnifiedFeatureStore(x, device, dtype, cache_bytes=cache_bytes, degree=degree,
+                                   pin_inplace=pin_inplace)
     if cache_bytes:
         raise ValueError(f"cache_bytes applies to the 'unified' store only, not {kind!r}")
     if kind == "cpu_centric":

@@ -326,13 +326,16 @@ class PipelinedLoader:
     gathers are merged into one (the union of their ``n_id``, gathered once in sorted order,
     each batch then taking its rows by position: fewer, more local reads); 1 = a gather per
     batch. Every batch's ``x`` equals ``x[n_id]`` either way. ``shuffle``/``generator``/``drop_last``
-    as in a DataLoader. Iterating starts an epoch; see the module docstring for streams,
-    timing, errors and shutdown.
+    as in a DataLoader. ``shard=(rank, world)``: this process's share of the seeds (of the same
+    shuffled order on every rank; cut to the same length on every rank when shuffling, so that
+    all take the same number of steps). Iterating starts an epoch; see the module docstring
+    for streams, timing, errors and shutdown.
     """
 
     def __init__(self, sampler, features: FeatureStore, node_ids, batch_size: int, *, labels=None,
                  device=None, prefetch: int = 2, shuffle: bool = True, drop_last: bool = False,
-                 generator: torch.Generator | None = None, merge_gathers: int = 1):
+                 generator: torch.Generator | None = None, merge_gathers: int = 1,
+                 shard: tuple[int, int] | None = None):
         if not isinstance(features, FeatureStore):
             raise TypeError(f"PipelinedLoader: features must be a FeatureStore, got {type(features).__name__}")
         if not hasattr(sampler, "sample"):
@@ -344,6 +347,11 @@ class PipelinedLoader:
         if isinstance(merge_gathers, bool) or not isinstance(merge_gathers, int) or merge_gathers < 1:
             raise ValueError(f"PipelinedLoader: merge_gathers must be an int >= 1 (batches per gather), "
                              f"got {merge_gathers!r}")
+        if shard is not None:
+            if (not isinstance(shard, tuple) or len(shard) != 2 or not all(isinstance(v, int) for v in shard)
+                    or not 0 <= shard[0] < shard[1]):
+                raise ValueError(f"PipelinedLoader: shard must be (rank, world) with 0 <= rank < world, "
+                                 f"got {shard!r}")
         ids = torch.as_tensor(node_ids)
         if ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 1:
             raise TypeError(f"PipelinedLoader: node_ids must be a 1-D int tensor, got {ids.dtype} "
@@ -353,6 +361,7 @@ class PipelinedLoader:
         self.labels = None if labels is None else torch.as_tensor(labels)
         self.batch_size, self.prefetch, self.merge_gathers = batch_size, prefetch, merge_gathers
         self.shuffle, self.drop_last, self.generator = shuffle, drop_last, generator
+        self.shard = shard
         self.device = features.device if device is None else _check_device(device)
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -361,8 +370,16 @@ class PipelinedLoader:
         self._epoch: _Epoch | None = None
         self._last: dict | None = None
 
-    def __len__(self) -> int:
+    def _seeds_here(self) -> int:
         n = self.node_ids.numel()
+        if self.shard is None:
+            return n
+        rank, world = self.shard
+        # Shuffled: every rank the same count (the same number of steps); else every seed once.
+        return n // world if self.shuffle else len(range(rank, n, world))
+
+    def __len__(self) -> int:
+        n = self._seeds_here()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     # the stages ------------------------------------------------------------------------------------
@@ -370,6 +387,9 @@ class PipelinedLoader:
         ids = self.node_ids
         if self.shuffle:
             ids = ids[torch.randperm(ids.numel(), generator=self.generator)]
+        if self.shard is not None:  # ranks draw the same permutation and take every world-th seed
+            rank, world = self.shard
+            ids = ids[rank::world][: self._seeds_here()]
         return [ids[i * self.batch_size:(i + 1) * self.batch_size] for i in range(len(self))]
 
     # epochs ------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -270,8 +271,9 @@ def _sync(device):
 
 
 @torch.no_grad()
-def evaluate(model, loader, device, show: bool, desc: str) -> float:
-    """Accuracy over the loader's seeds (sampled or full-neighbourhood inference)."""
+def evaluate(model, loader, device, show: bool, desc: str, ctx=None) -> float:
+    """Accuracy over the loader's seeds (sampled or full-neighbourhood inference); with a
+    distributed context ``ctx``, over the seeds of every rank."""
     from ..graph._progress import progress
     model.eval()
     correct = total = 0
@@ -282,6 +284,8 @@ def evaluate(model, loader, device, show: bool, desc: str) -> float:
             correct += int((pred[mask] == b.y[mask]).sum())
             total += int(mask.sum())
             bar.update(1)
+    if ctx is not None:
+        correct, total = ctx.all_sum([correct, total])
     return correct / total if total else float("nan")
 
 
@@ -340,14 +344,34 @@ def load_for_run(args, show: bool):
 
 
 def run(args) -> dict:
-    """Train as ``args`` (the parsed options) say; print per-epoch lines; return the record."""
-    from ..graph import GPUNeighborSampler, NeighborSampler, load_dataset
+    """Train as ``args`` (the parsed options) say; print per-epoch lines; return the record.
+    Under torchrun with several processes: one rank per GPU (``pipeline/distributed.py``)."""
+    from . import distributed
+    if not distributed.requested():
+        return _run(args, None)
+    ctx = distributed.init(args.device)
+    try:
+        record = _run(args, ctx)
+    except BaseException as e:
+        instead = distributed.report_stop(ctx, e)
+        if instead is not None:
+            raise instead from e
+        raise
+    ctx.close()
+    return record
+
+
+def _run(args, ctx) -> dict:
+    from ..graph import GPUNeighborSampler, NeighborSampler
     from ..graph._progress import progress
+    from .distributed import fail_injected, host_pss_bytes, pinned_graph, shared_dataset
     from .features import make_feature_store
     from .loader import STAGES, PipelinedLoader
 
-    device = _resolve_device(args.device)
-    show = not args.no_progress
+    main = ctx is None or ctx.main
+    say = print if main else (lambda *a, **k: None)
+    device = ctx.device if ctx is not None else _resolve_device(args.device)
+    show = not args.no_progress and main
     eval_fanouts = args.eval_fanouts or [20] * len(args.fanouts)
     if len(eval_fanouts) != len(args.fanouts):
         raise ValueError(f"--eval-fanouts has {len(eval_fanouts)} entries, --fanouts {len(args.fanouts)}: "
@@ -357,55 +381,83 @@ def run(args) -> dict:
     if args.cache_mb and args.pipeline != "unified":
         raise ValueError("--cache-mb applies to --pipeline unified only")
     if args.cache_mb and device.type != "cuda":
-        print("train: --cache-mb has no effect without a GPU (there is no GPU memory to cache in)",
-              file=sys.stderr)
+        say("train: --cache-mb has no effect without a GPU (there is no GPU memory to cache in)",
+            file=sys.stderr)
     if args.pipeline == "gpu_resident" and device.type != "cuda":
-        print("train: gpu_resident on the CPU keeps the features in host memory (no GPU here)", file=sys.stderr)
+        say("train: gpu_resident on the CPU keeps the features in host memory (no GPU here)", file=sys.stderr)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    ds, reorder_s = load_for_run(args, show)
+    if ctx is None:
+        ds, reorder_s = load_for_run(args, show)
+    else:  # one copy per node in shared memory, mapped by every rank of the node
+        loaded = {}
+
+        def load():
+            loaded["ds"], loaded["reorder_s"] = load_for_run(args, show)
+            return loaded["ds"]
+        ds = shared_dataset(ctx, load)
+        reorder_s = ctx.all_max([loaded.get("reorder_s", 0.0)])[0]
+        loaded.clear()  # local rank 0 drops its private copy: the shared one is all that is left
     merge = args.merge_gathers or max(2, args.prefetch)
     use_gpu_sampler = args.sampler == "gpu" or (
         args.sampler == "auto" and device.type == "cuda" and args.pipeline != "cpu_centric")
     if use_gpu_sampler and device.type != "cuda":
         raise ValueError("--sampler gpu needs a CUDA device")
     if use_gpu_sampler:
-        graph = ds.graph.to(device if args.pipeline == "gpu_resident" else "unified")
+        if args.pipeline == "gpu_resident":
+            graph = ds.graph.to(device)
+        elif ctx is not None:
+            graph = pinned_graph(ds.graph)  # the node's shared pages, page-locked here: no copy
+        else:
+            graph = ds.graph.to("unified")
         make_sampler = lambda f, s: GPUNeighborSampler(graph, f, seed=s, device=device)  # noqa: E731
     else:
         graph = ds.graph
         make_sampler = lambda f, s: NeighborSampler(graph, f, seed=s)  # noqa: E731
     store = make_feature_store(args.pipeline, ds.x, device, torch.float32,
                                cache_bytes=args.cache_mb << 20,
-                               degree=ds.graph.degree() if args.cache_mb else None)
+                               degree=ds.graph.degree() if args.cache_mb else None,
+                               pin_inplace=ctx is not None)
     labels = ds.y.to(device) if device.type == "cuda" else ds.y
     gen = torch.Generator().manual_seed(args.seed)
-    train_loader = PipelinedLoader(make_sampler(args.fanouts, args.seed), store, ds.split["train"],
+    shard = None if ctx is None else (ctx.rank, ctx.world)
+    # Sampling streams differ per rank (seed + rank * 7919); the seed permutation does not.
+    sample_seed = args.seed if ctx is None else args.seed + 7919 * ctx.rank
+    train_loader = PipelinedLoader(make_sampler(args.fanouts, sample_seed), store, ds.split["train"],
                                    args.batch_size, labels=labels, device=device, prefetch=args.prefetch,
-                                   generator=gen, merge_gathers=merge)
+                                   generator=gen, merge_gathers=merge, shard=shard)
     eval_loader = lambda ids, f, seed: PipelinedLoader(  # noqa: E731
         make_sampler(f, seed), store, ids, args.eval_batch_size, labels=labels, device=device,
-        prefetch=args.prefetch, shuffle=False, merge_gathers=merge)
+        prefetch=args.prefetch, shuffle=False, merge_gathers=merge, shard=shard)
     use_pyg = {"auto": None, "pyg": True, "builtin": False}[args.layers]
     if use_pyg and not have_pyg():
         raise ValueError("--layers pyg: torch_geometric is not installed (pip install torch_geometric)")
     model = GNN(args.model, ds.num_features, args.hidden, ds.num_classes, len(args.fanouts),
                 dropout=args.dropout, use_pyg=use_pyg).to(device)
+    step_model = model
+    if ctx is not None:
+        from torch.nn.parallel import DistributedDataParallel
+        step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
+              "world_size": 1 if ctx is None else ctx.world,
               "dataset": repr(ds), "backend": model.backend,
               "sampler": "gpu" if use_gpu_sampler else "cpu", "reorder": args.reorder, "reorder_s": reorder_s,
               "merge_gathers": merge, "epochs": []}
-    print(f"train: {ds!r}\n  model {args.model} ({model.backend}), pipeline {args.pipeline}, device {device}, "
+    say(f"train: {ds!r}\n  model {args.model} ({model.backend}), pipeline {args.pipeline}, device {device}, "
           f"sampler {record['sampler']}, fanouts {args.fanouts}, batch {args.batch_size}, hidden {args.hidden}"
           + (f", reorder {args.reorder} ({reorder_s:.2f} s)" if args.reorder != "none" else "")
-          + (f", {merge} batches per gather" if merge > 1 else ""),
-          flush=True)
+        + (f", {merge} batches per gather" if merge > 1 else "")
+        + (f"\n  {ctx.world} processes ({ctx.backend}), one host copy per node in shared memory"
+           if ctx is not None else ""),
+        flush=True)
 
     with train_loader, eval_loader(ds.split["valid"], eval_fanouts, args.seed + 1) as valid_loader:
         for epoch in range(1, args.epochs + 1):
+            if ctx is not None:
+                fail_injected(ctx.rank, epoch)
             model.train()
             steps = _StepTimer(device)
             correct = seen = 0
@@ -416,7 +468,7 @@ def run(args) -> dict:
                 for b in train_loader:
                     t = steps.start()
                     opt.zero_grad(set_to_none=True)
-                    out = model(b.x, b.adjs)
+                    out = step_model(b.x, b.adjs)
                     loss = F.cross_entropy(out, b.y, ignore_index=-1)
                     loss.backward()
                     opt.step()
@@ -430,8 +482,12 @@ def run(args) -> dict:
             total = time.perf_counter() - t0
             st = train_loader.stats()
             train_s = steps.total()
-            train_acc = float(correct) / seen if seen else float("nan")
-            valid_acc = evaluate(model, valid_loader, device, show, "valid")
+            loss_total, correct, seen = float(loss_sum), float(correct), float(seen)
+            if ctx is not None:  # the job's figures: sums over ranks, the slowest rank's times
+                loss_total, correct, seen = ctx.all_sum([loss_total, correct, seen])
+                total, train_s = ctx.all_max([total, train_s])
+            train_acc = correct / seen if seen else float("nan")
+            valid_acc = evaluate(model, valid_loader, device, show, "valid", ctx)
             # Exposed loader time: the epoch less its training steps (on a GPU the host runs ahead,
             # so its queue wait alone misses the stream waiting on a batch's event), split over
             # the stages in proportion to their busy time.
@@ -440,21 +496,32 @@ def run(args) -> dict:
             exposed = {k: (exposed_total * v / busy_sum if busy_sum else 0.0) for k, v in st["busy"].items()}
             rec = {"epoch": epoch, "total_s": total, "train_step_s": train_s, "loader_wait_s": st["wait"],
                    "exposed_s": exposed, "busy_s": st["busy"], "batches": st["batches"],
-                   "loss": float(loss_sum) / seen if seen else float("nan"),
+                   "loss": loss_total / seen if seen else float("nan"),
                    "train_acc": train_acc, "valid_acc": valid_acc}
             record["epochs"].append(rec)
             stages = " ".join(f"{k} {exposed[k]:.3f}" for k in STAGES)
-            print(f"epoch {epoch:3d}  total {total:7.3f} s  exposed: {stages}  train-step {train_s:.3f} s  "
+            say(f"epoch {epoch:3d}  total {total:7.3f} s  exposed: {stages}  train-step {train_s:.3f} s  "
                   f"loss {rec['loss']:.4f}  train acc {train_acc:.4f}  valid acc {valid_acc:.4f}", flush=True)
 
     with eval_loader(ds.split["test"], eval_fanouts, args.seed + 2) as test_loader:
-        record["test_acc"] = evaluate(model, test_loader, device, show, "test")
+        record["test_acc"] = evaluate(model, test_loader, device, show, "test", ctx)
     line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts})"
-    if args.full_eval:
+    if args.full_eval and main:  # every node's outputs: one rank is enough
         record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show)
         line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
     record["feature_store"] = store.stats()
-    print(line, flush=True)
+    say(line, flush=True)
+    pss = float(host_pss_bytes())
+    procs = 1 if ctx is None else ctx.world
+    if ctx is not None:
+        pss = ctx.all_sum([pss])[0]
+    record["host_pss_gb"] = pss / 1e9
+    g = ds.graph
+    record["data_gb"] = sum(t.nbytes for t in (ds.x, ds.y, g.rowptr, g.col, g.edge_ids) if t is not None) / 1e9
+    say(f"host memory: {pss / 2**30:.2f} GiB (PSS over {procs} process{'es' if procs > 1 else ''}; the data set "
+        f"itself {record['data_gb'] * 1e9 / 2**30:.2f} GiB)", flush=True)
+    if not main:
+        return record
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -471,6 +538,7 @@ def main(args) -> int:
     try:
         run(args)
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as e:
-        print(f"train: error: {e}", file=sys.stderr)
+        where = f" (rank {os.environ['RANK']})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        print(f"train: error{where}: {e}", file=sys.stderr)
         return 2
     return 0

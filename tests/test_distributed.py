@@ -1,0 +1,216 @@
+"""torchrun training with one host copy per node (issue 6): CPU ranks over gloo here, NCCL on GPUs."""
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_direct  # noqa: F401
+from common import HAS_GPU
+from torch_direct.graph import load_dataset
+from torch_direct.pipeline import PipelinedLoader, make_feature_store
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = ["--dataset", "tiny", "--threads", "1", "--layers", "builtin", "--hidden", "32", "--batch-size", "256",
+        "--no-progress", "--fanouts", "5,3", "--eval-fanouts", "5,3"]
+TWO_GPUS = HAS_GPU and torch.cuda.device_count() >= 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm_files() -> set:
+    return set(glob.glob("/dev/shm/torch_direct-*"))
+
+
+class TestTorchrun(TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.root = cls.tmp.name
+        load_dataset("tiny", root=cls.root, show_progress=False)  # generated once, before any rank
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def torchrun(self, launcher_args, train_args, env=None, timeout=240):
+        cmd = [sys.executable, "-m", "torch.distributed.run", *launcher_args, "-m", "torch_direct", "train",
+               "--root", self.root, *FAST, *train_args]
+        e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+        e.update(env or {})
+        return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+
+    def test_two_ranks_share_one_copy_and_agree_on_metrics(self):
+        before = shm_files()
+        path = os.path.join(self.root, "two.json")
+        p = self.torchrun(["--standalone", "--nproc-per-node=2"],
+                          ["--device", "cpu", "--epochs", "3", "--json", path])
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        rec = json.load(open(path))
+        self.assertEqual(rec["world_size"], 2)
+        self.assertEqual(len(rec["epochs"]), 3)
+        # Rank 0 alone prints; the figures are the job's (all-reduced), not one rank's.
+        self.assertEqual(p.stdout.count("epoch   1 "), 1)
+        self.assertIn("2 processes (gloo), one host copy per node", p.stdout)
+        self.assertIn("PSS over 2 processes", p.stdout)
+        self.assertGreater(rec["host_pss_gb"], 0)
+        for e in rec["epochs"]:
+            self.assertTrue(0 <= e["train_acc"] <= 1 and 0 <= e["valid_acc"] <= 1)
+        self.assertLess(rec["epochs"][-1]["loss"], rec["epochs"][0]["loss"])
+        self.assertEqual(shm_files(), before)  # the shared files are gone once every rank mapped them
+
+    def test_a_failing_rank_stops_the_job_with_its_error(self):
+        before = shm_files()
+        p = self.torchrun(["--standalone", "--nproc-per-node=2"], ["--device", "cpu", "--epochs", "3"],
+                          env={"TORCH_DIRECT_FAIL_AT": "1:2"})
+        self.assertNotEqual(p.returncode, 0)
+        out = p.stdout + p.stderr
+        self.assertIn("train: error (rank 1): injected failure on rank 1 at epoch 2", out)
+        # The other rank names the failing rank and its error, whether a collective broke
+        # under it or the launcher stopped it.
+        self.assertRegex(out, r"rank 0: stopped: rank 1: RuntimeError: injected failure|"
+                              r"\(rank 0\): stopped: rank 1: RuntimeError: injected failure")
+        self.assertNotIn("epoch   2 ", p.stdout)
+        self.assertEqual(shm_files(), before)
+
+    def test_two_nodes_over_loopback(self):
+        port = free_port()
+        path = os.path.join(self.root, "nodes.json")
+        e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+        procs = []
+        for node in (0, 1):
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                   f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
+                   "-m", "torch_direct", "train", "--root", self.root, *FAST, "--device", "cpu", "--epochs", "2",
+                   "--json", path]
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        outs = []
+        try:
+            for p in procs:
+                outs.append(p.communicate(timeout=240))
+        finally:
+            for p in procs:
+                p.kill()
+        for p, (out, err) in zip(procs, outs):
+            self.assertEqual(p.returncode, 0, err[-3000:])
+        self.assertIn("2 processes (gloo)", outs[0][0])  # node 0 holds global rank 0
+        self.assertEqual(json.load(open(path))["world_size"], 2)
+
+    def test_one_forced_process_takes_the_distributed_path(self):
+        path = os.path.join(self.root, "one.json")
+        p = self.torchrun(["--standalone", "--nproc-per-node=1"], ["--device", "cpu", "--epochs", "1", "--json", path],
+                          env={"TORCH_DIRECT_DISTRIBUTED": "1"})
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertIn("1 processes (gloo)", p.stdout)
+        self.assertEqual(json.load(open(path))["world_size"], 1)
+
+    def test_device_must_be_the_local_gpu(self):
+        p = self.torchrun(["--standalone", "--nproc-per-node=2"], ["--device", "cuda:1", "--epochs", "1"])
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("each rank takes cuda:LOCAL_RANK", p.stderr)
+
+    @unittest.skipUnless(HAS_GPU, "needs a CUDA GPU: NCCL and page-locking the shared pages")
+    def test_one_gpu_rank_over_nccl(self):
+        path = os.path.join(self.root, "gpu1.json")
+        p = self.torchrun(["--standalone", "--nproc-per-node=1"],
+                          ["--device", "cuda", "--epochs", "2", "--cache-mb", "1", "--json", path],
+                          env={"TORCH_DIRECT_DISTRIBUTED": "1"})
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertIn("1 processes (nccl)", p.stdout)
+        rec = json.load(open(path))
+        self.assertEqual(rec["sampler"], "gpu")  # the GPU sampler over the pinned shared CSR
+
+    @unittest.skipUnless(TWO_GPUS, "needs two GPUs: one NCCL rank per GPU")
+    def test_two_gpu_ranks_over_nccl(self):
+        before = shm_files()
+        path = os.path.join(self.root, "gpu2.json")
+        p = self.torchrun(["--standalone", "--nproc-per-node=2"], ["--device", "cuda", "--epochs", "2", "--json", path])
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertIn("2 processes (nccl)", p.stdout)
+        self.assertEqual(json.load(open(path))["world_size"], 2)
+        self.assertEqual(shm_files(), before)
+
+
+class TestScalingBench(TestCase):
+    def test_runs_each_count_and_compares(self):
+        import contextlib
+        import io
+        from torch_direct.bench.__main__ import main
+        with tempfile.TemporaryDirectory() as root:
+            load_dataset("tiny", root=root, show_progress=False)
+            path, svg = os.path.join(root, "s.json"), os.path.join(root, "s.svg")
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                rc = main(["scaling", "--root", root, *FAST, "--device", "cpu", "--epochs", "2", "--nproc", "1,2",
+                           "--out", path, "--plot", svg])
+            self.assertEqual(rc, 0, out.getvalue())
+            rec = json.load(open(path))
+            self.assertEqual([r["nproc"] for r in rec["rows"]], [1, 2])
+            self.assertEqual([r["world_size"] for r in rec["rows"]], [1, 2])
+            self.assertEqual(rec["rows"][0]["speed_ratio"], 1.0)
+            self.assertGreater(rec["rows"][1]["memory_ratio"], 0)
+            self.assertEqual({t["name"].split(" at ")[0] for t in rec["targets"]}, {"epoch", "host memory"})
+            self.assertTrue(open(svg).read().startswith("<svg"))
+            self.assertIn("| 2 |", out.getvalue())
+
+    def test_bad_counts(self):
+        import contextlib
+        import io
+        from torch_direct.bench.__main__ import main
+        for bad in ("0", "1,1", "x", ""):
+            with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as cm:
+                main(["scaling", "--nproc", bad])
+            self.assertEqual(cm.exception.code, 2)
+
+
+class TestSharding(TestCase):
+    def test_ranks_split_each_epoch_evenly_and_disjointly(self):
+        ids = torch.arange(1000, 2003)  # 1003 seeds: 3 ranks get 334 each, one seed left out per epoch
+        x = torch.randn(2003, 4)
+        store = make_feature_store("cpu_centric", x, "cpu")
+
+        class Sampler:
+            def sample_batches(self, seed_batches):
+                raise AssertionError("not sampled here")
+
+            def sample(self, seeds):
+                raise AssertionError("not sampled here")
+
+        shards = []
+        for rank in range(3):
+            ld = PipelinedLoader(Sampler(), store, ids, 100, generator=torch.Generator().manual_seed(5),
+                                 shard=(rank, 3))
+            seeds = torch.cat(ld._seed_batches())
+            self.assertEqual(len(ld), 4)
+            shards.append(seeds)
+        self.assertEqual({s.numel() for s in shards}, {334})
+        allseeds = torch.cat(shards)
+        self.assertEqual(allseeds.unique().numel(), allseeds.numel())  # disjoint
+        self.assertTrue(bool(torch.isin(allseeds, ids).all()))
+        # Evaluation (no shuffle): every seed exactly once over the ranks.
+        ev = [torch.cat(PipelinedLoader(Sampler(), store, ids, 100, shuffle=False, shard=(r, 3))._seed_batches())
+              for r in range(3)]
+        self.assertEqual(torch.cat(ev).sort().values, ids)
+
+    def test_bad_shard(self):
+        store = make_feature_store("cpu_centric", torch.randn(10, 2), "cpu")
+        for bad in ((3, 3), (-1, 2), (0,), "0,2", (0.0, 2)):
+            with self.assertRaisesRegex(ValueError, "shard must be"):
+                PipelinedLoader(object.__new__(type("S", (), {"sample": None})), store, torch.arange(10), 2,
+                                shard=bad)
+
+
+if __name__ == "__main__":
+    run_tests()
