@@ -7,10 +7,9 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct
-from common import extension_only, requires_gpu
+from common import requires_gpu
 from torch_direct.graph import CSRGraph, GPUNeighborSampler, NeighborSampler
 
-SAMPLERS_WHY = "the neighbour samplers (csrc/sampler/) are bound by the extension; a fork wheel does not build them yet"
 
 # Upper 0.1% points of the chi-square distribution (df: value).
 CHI2_999 = {6: 22.458, 34: 65.247, 99: 148.230}
@@ -67,7 +66,6 @@ def subset_counts(picks, n):
     return counts
 
 
-@extension_only(SAMPLERS_WHY)
 class TestBlocks(TestCase):
     def check_batch(self, graph, seeds, fanouts, batch):
         """Everything the block layout promises, checked against the graph."""
@@ -178,7 +176,6 @@ class TestBlocks(TestCase):
         self.assertEqual(len(batch.num_sampled_edges), 2)
 
 
-@extension_only(SAMPLERS_WHY)
 class TestDistribution(TestCase):
     def test_uniform_below_is_uniform(self):
         for bound in (7, 3 * 2**62 // 3 + 1):  # small, and one where modulo bias would be huge
@@ -220,7 +217,6 @@ class TestDistribution(TestCase):
         self.assertLess(stat, CHI2_999[99])
 
 
-@extension_only(SAMPLERS_WHY)
 class TestDeterminism(TestCase):
     def sample_all(self, graph, seed, threads):
         old = torch.get_num_threads()
@@ -262,7 +258,6 @@ class TestDeterminism(TestCase):
         self.assertEqual(len(list(sampler.loader(ids, 16, shuffle=False, drop_last=True))), 9)
 
 
-@extension_only(SAMPLERS_WHY)
 class TestErrors(TestCase):
     def test_bad_input(self):
         graph = random_graph()
@@ -383,7 +378,6 @@ class BlockSamplerChecks:
             GPUNeighborSampler(graph, [2], device="meta")
 
 
-@extension_only(SAMPLERS_WHY)
 class TestBlockSamplerCpu(BlockSamplerChecks, TestCase):
     device = "cpu"
 
@@ -393,7 +387,6 @@ class TestBlockSamplerCpu(BlockSamplerChecks, TestCase):
 
 
 @requires_gpu
-@extension_only(SAMPLERS_WHY)
 class TestBlockSamplerGpu(BlockSamplerChecks, TestCase):
     """On the GPU, over a CSR in unified memory (read in place)."""
 

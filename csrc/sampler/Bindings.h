@@ -1,7 +1,8 @@
 #pragma once
-// Registers the samplers' functions on the extension's Python module.
+// Registers the samplers' functions on a Python module: the extension's
+// torch_direct._C, or torch._C._unified on the fork (torch/csrc/Unified.cpp).
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace torch_direct::sampler {
 
