@@ -64,7 +64,8 @@ class _ForkC(types.ModuleType):
     _NATIVE = ("_memory_stats", "_empty_cache", "_reset_peak", "_cuda_available",
                "_pin_inplace", "_pinned_owner", "_share", "_from_shared", "_block_kind",
                "_is_mapped", "_map_for_gpu", "_as_cuda_alias", "_as_cpu_alias",
-               "_gather_rows_cpu", "_sample_neighbors", "_sample_blocks", "_sampler_uniform_below")
+               "_gather_rows_cpu", "_sample_neighbors", "_sample_blocks", "_sampler_uniform_below",
+               "_claimed_structured_ops")
     # Bound by the fork only when it is built with CUDA (USE_CUDA; patch 0006).
     _NATIVE_CUDA = ("_gather_rows_cuda", "_gather_rows_hybrid", "_hybrid_cpu_fraction")
 

@@ -14,7 +14,13 @@
 #include <c10/core/WrapDimMinimal.h>
 #include <c10/util/irange.h>
 
+#include <torch/library.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
 
 namespace at::native::unified {
 namespace {
@@ -248,6 +254,44 @@ void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
       }
     }
   }
+}
+
+// Structured ATen ops carry a CompositeExplicitAutogradNonFunctional kernel
+// that every backend without its own kernel inherits: it allocates the output
+// on self's device and calls the op's out= variant. For unified operands that
+// would put results in unified memory and reject CPU/CUDA operands, against
+// rules R1-R4, so those ops are routed to the fallback explicitly (a direct
+// registration wins over an alias-key kernel). Called once every op is
+// registered (module init of the extension; torch._C's init on the fork).
+int64_t claim_structured_ops(c10::DispatchKey key) {
+  static std::mutex m;
+  static std::map<c10::DispatchKey, std::pair<std::unique_ptr<torch::Library>, int64_t>> done;
+  std::lock_guard<std::mutex> g(m);
+  auto it = done.find(key);
+  if (it != done.end()) {
+    return it->second.second;
+  }
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+  int64_t claimed = 0;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) {
+      continue;
+    }
+    auto op = dispatcher.findOp(name);
+    if (!op.has_value() || op->hasKernelForDispatchKey(key) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+      continue;
+    }
+    std::string full = name.name.substr(6);
+    if (!name.overload_name.empty()) {
+      full += "." + name.overload_name;
+    }
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&unified_fallback>());
+    claimed += 1;
+  }
+  done.emplace(key, std::make_pair(std::move(lib), claimed));
+  return claimed;
 }
 
 } // namespace at::native::unified

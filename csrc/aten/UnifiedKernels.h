@@ -66,6 +66,12 @@ namespace unified {
 void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                       torch::jit::Stack* stack);
 
+// Structured ATen ops carry a CompositeExplicitAutogradNonFunctional kernel
+// that every backend without its own kernel inherits; registers the fallback
+// for them under `key` (PrivateUse1 on the extension, Unified on the fork).
+// Returns how many were claimed; later calls return the first call's count.
+int64_t claim_structured_ops(c10::DispatchKey key);
+
 // Row gather into a CPU tensor with a fused cast (GatherCpu.cpp), on at most
 // max_threads of the intra-op pool's threads (0: as many as it has). Waits for
 // GPU work recorded on the table first unless told not to.

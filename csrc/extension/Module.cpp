@@ -31,41 +31,9 @@ py::tuple share(const at::Tensor& u) {
   return py::make_tuple(h.fd, h.mapped_bytes, h.storage_nbytes);
 }
 
-// Structured ATen ops carry a CompositeExplicitAutogradNonFunctional kernel
-// that every backend without its own kernel inherits: it allocates the output
-// on self's device and calls the op's out= variant. For unified operands that
-// would put results in unified memory and reject CPU/CUDA operands, against
-// rules R1-R4, so those ops are routed to the fallback explicitly (a direct
-// registration wins over an alias-key kernel). Returns how many were claimed.
+// Structured ops are routed to the fallback explicitly (Fallback.cpp says why).
 int64_t claim_structured_ops() {
-  static std::unique_ptr<torch::Library> lib;
-  static int64_t claimed = -1;
-  if (claimed >= 0) {
-    return claimed;
-  }
-  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                         c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  claimed = 0;
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const auto& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) {
-      continue;
-    }
-    auto op = dispatcher.findOp(name);
-    if (!op.has_value() ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
-      continue;
-    }
-    std::string full = name.name.substr(6);
-    if (!name.overload_name.empty()) {
-      full += "." + name.overload_name;
-    }
-    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<
-                                &at::native::unified::unified_fallback>());
-    claimed += 1;
-  }
-  return claimed;
+  return at::native::unified::claim_structured_ops(c10::DispatchKey::PrivateUse1);
 }
 
 } // namespace
