@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (device tool) after tools/device_suite.sh has built the
+# extension: the end-to-end pipeline figures of issue 5, in one call.
+#
+#   bash tools/device_pipeline.sh [products|papers|pyg-wheels|all]   (default: all)
+#
+# - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
+#   samples on the CPU) from the sdists in .whl/sdist, every extension module
+#   compiled at once (`build_ext -j`: pip builds them one after another, which
+#   took more than 8 minutes for torch-sparse), each wheel written to
+#   $OUT/wheels as soon as it is built, in the background of the runs below.
+# - products: `bench train` on products-like (unified, cpu_centric,
+#   gpu_resident, and pyg once its wheels are installed).
+# - papers: papers100M-like generated (timed), then `bench train` unified.
+# Everything is logged under $OUT; each step has its own time limit.
+set -u
+OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT/wheels"
+R="$PWD"
+what="${1:-all}"
+DATA="${TORCH_DIRECT_DATA:-/tmp/td_data}"
+export PYTHONUNBUFFERED=1
+
+build_pyg_wheels() {
+  for sd in "$R"/.whl/sdist/torch_scatter-*.tar.gz "$R"/.whl/sdist/torch_sparse-*.tar.gz; do
+    [ -f "$sd" ] || continue
+    d=$(mktemp -d) && tar xzf "$sd" -C "$d" && src=$(ls -d "$d"/*/)
+    (cd "$src" && FORCE_ONLY_CPU=1 MAX_JOBS=2 timeout 480 python3 setup.py -q build_ext -j 16 bdist_wheel -d "$OUT/wheels") \
+      >> "$OUT/pyg_wheels.log" 2>&1
+    echo "$(basename "$sd"): rc=$? $(date +%T)" >> "$OUT/pyg_wheels.log"
+    # torch_sparse imports torch_scatter: install each as soon as it exists.
+    ls "$OUT"/wheels/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$OUT"/wheels/*.whl
+  done
+}
+
+bench() {  # name, limit, args...
+  local name=$1 limit=$2; shift 2
+  local t0; t0=$(date +%s)
+  PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" python3 -m torch_direct.bench train --root "$DATA" \
+    --no-progress --out "$OUT/train_$name.json" "$@" > "$OUT/train_$name.log" 2>&1
+  echo "$name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
+  tail -12 "$OUT/train_$name.log"
+}
+
+case "$what" in
+  pyg-wheels) build_pyg_wheels ;;
+  products)
+    bench products-like 420 --dataset products-like --epochs 3 --pipelines unified,cpu_centric,gpu_resident,pyg ;;
+  papers)
+    t0=$(date +%s)
+    timeout 400 python3 -m torch_direct.graph papers100M-like --root "$DATA" --quiet > "$OUT/papers_gen.log" 2>&1
+    echo "papers100M-like generation: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
+    bench papers100M-like 300 --dataset papers100M-like --epochs 2 --pipelines unified ;;
+  all)
+    build_pyg_wheels &
+    bench products-like 300 --dataset products-like --epochs 3 --pipelines unified,cpu_centric,gpu_resident
+    wait
+    bench products-like-pyg 240 --dataset products-like --epochs 2 --pipelines pyg ;;
+  *) echo "device_pipeline: unknown step $what (products, papers, pyg-wheels, all)" >&2; exit 2 ;;
+esac
