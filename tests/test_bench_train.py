@@ -152,6 +152,18 @@ class TestBenchTrainCPU(_Tiny):
         self.assertNotIn("gpu_resident", u["speedup_vs"])
         self.assertIn("unified_vs_cpu_centric:", self.out)
 
+    def test_targets(self):
+        t = {x["name"].split(" (")[0]: x for x in self.rec["targets"]}
+        # unified and cpu_centric train on the same batches here: no accuracy spread.
+        spread = t["test accuracy spread over the pipelines"]
+        self.assertEqual(spread["value"], 0.0)
+        self.assertTrue(spread["met"])
+        ratio = t["unified_vs_cpu_centric"]
+        self.assertEqual(ratio["value"], self.rec["ratios"]["unified_vs_cpu_centric"])
+        self.assertEqual(ratio["met"], ratio["value"] >= 1.6)
+        self.assertNotIn("unified epoch seconds", t)   # papers100M-like only
+        self.assertIn("target test accuracy spread over the pipelines: 0.000 (want <= 0.01) met", self.out)
+
     def test_plot(self):
         with open(self.svg) as f:
             svg = f.read()
