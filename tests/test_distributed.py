@@ -175,6 +175,23 @@ class TestScalingBench(TestCase):
             self.assertEqual(cm.exception.code, 2)
 
 
+class TestSharedMemoryCheck(TestCase):
+    def test_too_little_shm_is_a_clear_error_and_leaves_nothing(self):
+        from unittest import mock
+
+        from torch_direct.pipeline import distributed
+        ctx = distributed.Context(rank=0, world=2, local_rank=0, local_world=2, node=0,
+                                  device=torch.device("cpu"), backend="gloo")
+        with tempfile.TemporaryDirectory() as root:
+            ds = load_dataset("tiny", root=root, show_progress=False)
+            before = shm_files()
+            small = os.statvfs_result((4096, 4096, 10, 1, 1, 10, 1, 1, 0, 255))  # 4 KiB free
+            with mock.patch.object(distributed.os, "statvfs", return_value=small):
+                with self.assertRaisesRegex(RuntimeError, r"needs .* GiB in /dev/shm, which has 0.00 GiB free"):
+                    distributed._publish(ctx, ds)
+            self.assertEqual(shm_files(), before)
+
+
 class TestSharding(TestCase):
     def test_ranks_split_each_epoch_evenly_and_disjointly(self):
         ids = torch.arange(1000, 2003)  # 1003 seeds: 3 ranks get 334 each, one seed left out per epoch

@@ -244,6 +244,12 @@ def _publish(ctx: Context, ds) -> tuple[dict, list[str]]:
     if not os.path.isdir(SHM_DIR):
         raise RuntimeError(f"distributed training shares the data set through {SHM_DIR}, which this "
                            f"machine lacks")
+    need = sum(t.numel() * t.element_size() for t in arrays.values())
+    st = os.statvfs(SHM_DIR)
+    free = st.f_bavail * st.f_frsize
+    if need > free:  # a full tmpfs would kill the writer with SIGBUS, not raise
+        raise RuntimeError(f"the data set needs {need / 2**30:.2f} GiB in {SHM_DIR}, which has "
+                           f"{free / 2**30:.2f} GiB free (in a container: docker run --shm-size=...)")
     try:
         for k, t in arrays.items():
             path = os.path.join(SHM_DIR, f"{tag}-{k.replace(':', '-')}")
