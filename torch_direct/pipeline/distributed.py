@@ -23,6 +23,7 @@ Under torchrun (``WORLD_SIZE`` > 1 in the environment) ``train`` runs one proces
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import sys
@@ -153,7 +154,9 @@ def init(device_arg: str | None) -> Context:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        # Rank 0 alone runs --full-eval's layer-wise inference while the others wait in the next
+        # collective: minutes on papers100M-like, more than NCCL's default 10-minute timeout.
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=60))
     _stop_cleanly_on_sigterm()
     return Context(rank, world, local_rank, local_world, node, device, backend)
 

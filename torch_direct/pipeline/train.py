@@ -19,6 +19,10 @@ on the GPU. They change where rows are read from, not what is trained (``reorder
 
 Models: GraphSAGE, GAT and GIN from PyG when torch_geometric is installed; without it a
 built-in GraphSAGE (mean aggregation, plain torch ops) so the command runs anywhere.
+
+Several GPUs: ``torchrun --nproc-per-node=N -m torch_direct train ...`` runs one process per
+GPU (DistributedDataParallel over NCCL) over one host copy of the data set per node
+(docs/distributed.md).
 """
 
 from __future__ import annotations
