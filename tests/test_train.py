@@ -116,18 +116,36 @@ class TestTrain(TestCase):
             self.assertEqual(code, 2, msg=str(bad))
             self.assertIn(msg, err.getvalue())
 
-    def test_layerwise_inference_equals_full_neighbourhood_batches(self):
-        from torch_direct.graph import NeighborSampler
-        from torch_direct.pipeline import PipelinedLoader, make_feature_store
+    def small_model(self, layers: int, store_kind: str):
+        """A seeded built-in GraphSAGE of ``layers`` layers (eval mode) and a CPU feature store."""
+        from torch_direct.pipeline import make_feature_store
         torch.manual_seed(0)
         ds = self.ds
-        model = train.GNN("sage", ds.num_features, 16, ds.num_classes, 2, use_pyg=False).eval()
-        store = make_feature_store("unified", ds.x, "cpu")
+        model = train.GNN("sage", ds.num_features, 16, ds.num_classes, layers, use_pyg=False).eval()
+        return ds, model, make_feature_store(store_kind, ds.x, "cpu")
+
+    def test_layerwise_inference_equals_full_neighbourhood_batches(self):
+        from torch_direct.graph import NeighborSampler
+        from torch_direct.pipeline import PipelinedLoader
+        ds, model, store = self.small_model(2, "unified")
         logits = train.layerwise_inference(model, ds.graph, store, torch.device("cpu"), chunk=700)
         ids = ds.split["test"][:300]
         with PipelinedLoader(NeighborSampler(ds.graph, [-1, -1]), store, ids, 100, shuffle=False) as ld:
             for b in ld:
                 self.assertEqual(model(b.x, b.adjs), logits[b.n_id[:b.batch_size]], atol=1e-4, rtol=1e-4)
+
+    def test_layerwise_inference_for_some_targets(self):
+        # Only the targets' logits: the layers run for the nodes the next layer reads, and give
+        # the same numbers as inference over every node.
+        ds, model, store = self.small_model(3, "cpu_centric")
+        every = train.layerwise_inference(model, ds.graph, store, torch.device("cpu"), chunk=500)
+        targets = torch.cat([ds.split["test"][:40].flip(0), ds.split["test"][:5]])  # unsorted, repeats
+        some = train.layerwise_inference(model, ds.graph, store, torch.device("cpu"), chunk=97, targets=targets)
+        self.assertEqual(some, every[targets], atol=1e-5, rtol=1e-5)
+        self.assertEqual(train.layerwise_inference(model, ds.graph, store, torch.device("cpu"),
+                                                   targets=torch.tensor([], dtype=torch.long)).shape[0], 0)
+        with self.assertRaisesRegex(IndexError, "node ids in"):
+            train.layerwise_inference(model, ds.graph, store, torch.device("cpu"), targets=[ds.num_nodes])
 
     def test_builtin_layers_need_sage(self):
         with self.assertRaisesRegex(RuntimeError, "torch_geometric"):

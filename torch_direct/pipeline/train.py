@@ -294,44 +294,74 @@ def evaluate(model, loader, device, show: bool, desc: str, ctx=None) -> float:
 
 
 @torch.no_grad()
-def layerwise_inference(model: GNN, graph, store, device, chunk: int = 65536, show: bool = False):
+def layerwise_inference(model: GNN, graph, store, device, chunk: int = 65536, show: bool = False,
+                        targets=None):
     """Full-neighbourhood inference layer by layer (as SALIENT and PyG do it): layer ``i`` runs
     for every node over all of its neighbours, reading layer ``i - 1``'s outputs, kept on
     the CPU. Costs one pass over the graph per layer instead of an L-hop neighbourhood per
-    batch. ``graph`` is on the CPU or unified; returns the logits of every node (CPU)."""
+    batch. ``graph`` is on the CPU or unified; returns the logits of every node (CPU).
+
+    ``targets`` (node ids): only their logits are wanted. Each layer then runs for the nodes
+    the next layer reads (the targets, their neighbours, theirs, ... back to the first layer),
+    and the result has one row per target in ``targets``' order. The same numbers, with memory
+    for those nodes only: on papers100M-like every node's hidden layer would take ~100 GB."""
     from ..graph import NeighborSampler
     from ..graph._progress import progress
     model.eval()
     hop = NeighborSampler(graph, [-1])
     n = graph.num_nodes
-    h = None
-    last = len(model.layers) - 1
-    with progress(n * len(model.layers), "full inference", show) as bar:
+    num_layers = len(model.layers)
+    if targets is None:
+        needed = [torch.arange(n)] * (num_layers + 1)
+    else:
+        targets = torch.as_tensor(targets).long().reshape(-1)
+        if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= n):
+            raise IndexError(f"layerwise_inference: targets must be node ids in [0, {n})")
+        # needed[i]: nodes whose layer-i input is read (needed[0]: feature rows).
+        if targets.numel() == 0:
+            return torch.empty(0, 0)
+        needed = [None] * (num_layers + 1)
+        needed[num_layers] = targets.unique()
+        for i in range(num_layers, 0, -1):
+            mark = torch.zeros(n, dtype=torch.bool)
+            mark[needed[i]] = True
+            for start in range(0, needed[i].numel(), chunk):
+                mark[hop.sample(needed[i][start:start + chunk]).n_id] = True
+            needed[i - 1] = mark.nonzero().reshape(-1)
+    h, pos = None, None   # previous layer's outputs, and each node's row in them
+    last = num_layers - 1
+    work = sum(needed[i + 1].numel() for i in range(num_layers))
+    with progress(work, "full inference", show) as bar:
         for i, layer in enumerate(model.layers):
+            rows = needed[i + 1]
             out = None
-            for start in range(0, n, chunk):
-                stop = min(n, start + chunk)
-                sb = hop.sample(torch.arange(start, stop))
-                xin = store.gather(sb.n_id, device) if h is None else h[sb.n_id].to(device)
+            for start in range(0, rows.numel(), chunk):
+                ids = rows[start:start + chunk]
+                sb = hop.sample(ids)
+                xin = store.gather(sb.n_id, device) if h is None else h[pos[sb.n_id]].to(device)
                 edge_index, _, size = sb.adjs[0]
                 o = layer(xin, edge_index.to(device), size)
                 if i < last:
                     o = F.relu(o)
                 if out is None:
-                    out = torch.empty(n, o.size(1), dtype=o.dtype)
-                out[start:stop] = o.cpu()
-                bar.update(stop - start)
+                    out = torch.empty(rows.numel(), o.size(1), dtype=o.dtype)
+                out[start:start + ids.numel()] = o.cpu()
+                bar.update(ids.numel())
             h = out
-    return h
+            pos = torch.full((n,), -1, dtype=torch.long)
+            pos[rows] = torch.arange(rows.numel())
+    return h if targets is None else h[pos[targets]]
 
 
 def full_test_accuracy(model, ds, store, device, show: bool) -> float:
     """Test accuracy with full neighbourhoods (layer-wise inference over every node)."""
-    logits = layerwise_inference(model, ds.graph, store, device, show=show)
     test = ds.split["test"]
+    if test.numel() == 0:
+        return float("nan")
+    logits = layerwise_inference(model, ds.graph, store, device, show=show, targets=test)
     y = ds.y[test]
     mask = y >= 0
-    return float((logits[test].argmax(1)[mask] == y[mask]).float().mean())
+    return float((logits.argmax(1)[mask] == y[mask]).float().mean())
 
 
 def load_for_run(args, show: bool):
