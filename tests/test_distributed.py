@@ -55,7 +55,7 @@ class TestTorchrun(TestCase):
         before = shm_files()
         path = os.path.join(self.root, "two.json")
         p = self.torchrun(["--standalone", "--nproc-per-node=2"],
-                          ["--device", "cpu", "--epochs", "3", "--json", path])
+                          ["--device", "cpu", "--epochs", "3", "--full-eval", "--json", path])
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
         rec = json.load(open(path))
         self.assertEqual(rec["world_size"], 2)
@@ -68,6 +68,9 @@ class TestTorchrun(TestCase):
         for e in rec["epochs"]:
             self.assertTrue(0 <= e["train_acc"] <= 1 and 0 <= e["valid_acc"] <= 1)
         self.assertLess(rec["epochs"][-1]["loss"], rec["epochs"][0]["loss"])
+        # Full-neighbourhood inference, each rank over half the test nodes, counts summed.
+        self.assertTrue(0 <= rec["test_acc_full"] <= 1)
+        self.assertIn("(full neighbourhoods)", p.stdout)
         self.assertEqual(shm_files(), before)  # the shared files are gone once every rank mapped them
 
     def test_a_failing_rank_stops_the_job_with_its_error(self):

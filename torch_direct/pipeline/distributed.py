@@ -15,6 +15,7 @@ Under torchrun (``WORLD_SIZE`` > 1 in the environment) ``train`` runs one proces
   take the same number of steps); sampled evaluation splits its seeds the same way.
 - **Model.** DistributedDataParallel; losses, accuracies and epoch times are all-reduced
   (time: the slowest rank) and printed by rank 0, which alone writes JSON and plots.
+  ``--full-eval``: each rank infers its share of the test nodes over full neighbourhoods.
 - **Failure.** A rank that raises records its error in the job's store before it exits;
   torchrun then stops the others, and each prints the failing rank's error as it stops.
 - **Memory.** Every rank reports its proportional set size (PSS: shared pages divided among
@@ -154,8 +155,9 @@ def init(device_arg: str | None) -> Context:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        # Rank 0 alone runs --full-eval's layer-wise inference while the others wait in the next
-        # collective: minutes on papers100M-like, more than NCCL's default 10-minute timeout.
+        # Ranks wait for each other in a collective after work whose share can be uneven (the
+        # receptive fields of --full-eval's test nodes): minutes on papers100M-like, more than
+        # NCCL's default 10-minute timeout allows for.
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=60))
     _stop_cleanly_on_sigterm()
     return Context(rank, world, local_rank, local_world, node, device, backend)

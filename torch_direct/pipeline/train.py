@@ -353,15 +353,22 @@ def layerwise_inference(model: GNN, graph, store, device, chunk: int = 65536, sh
     return h if targets is None else h[pos[targets]]
 
 
-def full_test_accuracy(model, ds, store, device, show: bool) -> float:
-    """Test accuracy with full neighbourhoods (layer-wise inference over every node)."""
+def full_test_accuracy(model, ds, store, device, show: bool, ctx=None) -> float:
+    """Test accuracy with full neighbourhoods (layer-wise inference for the test nodes); with a
+    distributed context ``ctx``, each rank infers its share of the test nodes and the counts
+    are summed."""
     test = ds.split["test"]
-    if test.numel() == 0:
-        return float("nan")
-    logits = layerwise_inference(model, ds.graph, store, device, show=show, targets=test)
-    y = ds.y[test]
-    mask = y >= 0
-    return float((logits.argmax(1)[mask] == y[mask]).float().mean())
+    if ctx is not None:
+        test = test[ctx.rank::ctx.world]
+    correct = total = 0
+    if test.numel():
+        logits = layerwise_inference(model, ds.graph, store, device, show=show, targets=test)
+        y = ds.y[test]
+        mask = y >= 0
+        correct, total = int((logits.argmax(1)[mask] == y[mask]).sum()), int(mask.sum())
+    if ctx is not None:
+        correct, total = ctx.all_sum([correct, total])
+    return correct / total if total else float("nan")
 
 
 def load_for_run(args, show: bool):
@@ -540,8 +547,8 @@ def _run(args, ctx) -> dict:
     with eval_loader(ds.split["test"], eval_fanouts, args.seed + 2) as test_loader:
         record["test_acc"] = evaluate(model, test_loader, device, show, "test", ctx)
     line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts})"
-    if args.full_eval and main:  # every node's outputs: one rank is enough
-        record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show)
+    if args.full_eval:
+        record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show, ctx)
         line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
     record["feature_store"] = store.stats()
     say(line, flush=True)
