@@ -482,6 +482,10 @@ std::map<std::pair<int, int64_t>, HybridRates>& rates() {
   return r;
 }
 constexpr double kDefaultCpuFraction = 0.25;
+// The CPU part is gathered and copied in up to this many pieces of at least
+// this many rows (fewer pieces: less overlap; smaller ones: more dispatches).
+constexpr int64_t kHybridPieces = 4;
+constexpr int64_t kHybridPieceRows = 8192;
 
 } // namespace
 
@@ -544,16 +548,22 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   }
   C10_CUDA_CHECK(cudaEventRecord(g1, stream));
 
-  // CPU part: entries [0, k) into pinned staging, then one DMA on a side stream.
+  // CPU part: entries [0, k) into pinned staging, copied to the GPU on a side
+  // stream piece by piece: the DMA of one piece runs while the CPU threads
+  // gather the next.
   const auto t0 = std::chrono::steady_clock::now();
   if (k > 0) {
     at::Tensor staging = at::empty({k, width}, out.options().device(c10::kCPU).pinned_memory(true));
-    gather_rows_cpu(table, idx_host, staging, cpu_threads, /*wait_for_gpu=*/false);
     auto side = c10::cuda::getStreamFromPool(false, idx.device().index());
     C10_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), g0, 0));  // out is ready on `stream`
-    {
+    const int64_t pieces = std::min<int64_t>(kHybridPieces, std::max<int64_t>(1, k / kHybridPieceRows));
+    const int64_t per = (k + pieces - 1) / pieces;
+    for (int64_t b = 0; b < k; b += per) {
+      const int64_t len = std::min(per, k - b);
+      at::Tensor piece = staging.narrow(0, b, len);
+      gather_rows_cpu(table, idx_host.narrow(0, b, len), piece, cpu_threads, /*wait_for_gpu=*/false);
       c10::cuda::CUDAStreamGuard sg(side);
-      out2d.narrow(0, 0, k).copy_(staging, /*non_blocking=*/true);
+      out2d.narrow(0, b, len).copy_(piece, /*non_blocking=*/true);
     }
     c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), side);
     C10_CUDA_CHECK(cudaEventRecord(c1, side.stream()));
