@@ -12,27 +12,14 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="bench")
     from . import ablation, gather, scaling, train
 
-    gather.add_arguments(sub.add_parser("gather", help=gather.__doc__.splitlines()[0],
-                                        description=gather.__doc__,
-                                        formatter_class=argparse.RawDescriptionHelpFormatter))
-    train.add_arguments(sub.add_parser("train", help=train.__doc__.splitlines()[0],
-                                       description=train.__doc__,
-                                       formatter_class=argparse.RawDescriptionHelpFormatter))
-    ablation.add_arguments(sub.add_parser("train-ablation", help=ablation.__doc__.splitlines()[0],
-                                          description=ablation.__doc__,
-                                          formatter_class=argparse.RawDescriptionHelpFormatter))
-    scaling.add_arguments(sub.add_parser("scaling", help=scaling.__doc__.splitlines()[0],
-                                         description=scaling.__doc__,
+    # Each benchmark module: its docstring is its help, add_arguments its options, run its body.
+    benches = {"gather": gather, "train": train, "train-ablation": ablation, "scaling": scaling}
+    for name, mod in benches.items():
+        mod.add_arguments(sub.add_parser(name, help=mod.__doc__.splitlines()[0], description=mod.__doc__,
                                          formatter_class=argparse.RawDescriptionHelpFormatter))
     args = ap.parse_args(argv)
-    if args.bench == "gather":
-        return gather.run(args)
-    if args.bench == "train":
-        return train.run(args)
-    if args.bench == "train-ablation":
-        return ablation.run(args)
-    if args.bench == "scaling":
-        return scaling.run(args)
+    if args.bench in benches:
+        return benches[args.bench].run(args)
     ap.print_help()
     return 2
 
