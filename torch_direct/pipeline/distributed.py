@@ -25,6 +25,7 @@ Under torchrun (``WORLD_SIZE`` > 1 in the environment) ``train`` runs one proces
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import signal
 import sys
@@ -193,9 +194,7 @@ def _to_shm(t: torch.Tensor, path: str) -> torch.Tensor:
 
 
 def _map_shm(path: str, shape, dtype) -> torch.Tensor:
-    numel = 1
-    for s in shape:
-        numel *= s
+    numel = math.prod(shape)
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
     if not os.path.exists(path):
@@ -215,35 +214,40 @@ def shared_dataset(ctx: Context, load):
     """The data set, loaded once per node (``load()`` on the node's local rank 0) into shared
     memory that every rank of the node maps. Global rank 0 loads first, so a data set that has
     to be generated is generated once into the cache the others then read."""
-    meta = None
-    paths: list[str] = []
+    meta, shared, paths = None, None, []
     try:
         if ctx.rank == 0:
-            meta, paths = _publish(ctx, load())
+            meta, shared, paths = _publish(ctx, load())
         ctx.barrier()
         if ctx.local_rank == 0 and ctx.rank != 0:
-            meta, paths = _publish(ctx, load())
+            meta, shared, paths = _publish(ctx, load())
         metas = [None] * ctx.world
         dist.all_gather_object(metas, meta)
         mine = next((m for m in metas if m is not None and m["node"] == ctx.node), None)
         if mine is None:
             raise RuntimeError(f"rank {ctx.rank}: no local rank 0 published the data set on node {ctx.node}")
         if ctx.local_rank == 0:
-            arrays = meta["arrays_local"]  # gathered records are copies without the tensors
+            arrays = shared  # its own tensors over the files it wrote
         else:
             arrays = {k: _map_shm(a["path"], a["shape"], getattr(torch, a["dtype"]))
                       for k, a in mine["arrays"].items()}
         ctx.barrier()  # every rank of the node has mapped the files
     finally:
-        for p in paths:  # mappings outlive the names: nothing is left under /dev/shm
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
+        _unlink_all(paths)  # mappings outlive the names: nothing is left under /dev/shm
     return _rebuild(mine, arrays)
 
 
-def _publish(ctx: Context, ds) -> tuple[dict, list[str]]:
+def _unlink_all(paths: list[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:  # an empty array has no file
+            pass
+
+
+def _publish(ctx: Context, ds) -> tuple[dict, dict[str, torch.Tensor], list[str]]:
+    """Copy ``ds``'s arrays into new files under /dev/shm: (the record other ranks map them by,
+    the tensors over those files, the file paths)."""
     tag = f"torch_direct-{uuid.uuid4().hex[:12]}-node{ctx.node}"
     arrays, shared, paths = _dataset_arrays(ds), {}, []
     if not os.path.isdir(SHM_DIR):
@@ -261,27 +265,12 @@ def _publish(ctx: Context, ds) -> tuple[dict, list[str]]:
             paths.append(path)
             shared[k] = _to_shm(t, path)
     except BaseException:
-        for p in paths:
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
+        _unlink_all(paths)
         raise
     meta = {"node": ctx.node, "name": ds.name, "num_classes": ds.num_classes, "info": ds.info,
             "arrays": {k: {"path": p, "shape": list(t.shape), "dtype": str(t.dtype).split(".")[1]}
                        for (k, t), p in zip(shared.items(), paths)}}
-    # Local rank 0 keeps its own tensors; the published record (without them) is what others see.
-    local = dict(meta)
-    local["arrays_local"] = shared
-    return _Published(local), paths
-
-
-class _Published(dict):
-    """The published record: pickles without the local tensors."""
-
-    def __reduce__(self):
-        d = {k: v for k, v in self.items() if k != "arrays_local"}
-        return (dict, (d,))
+    return meta, shared, paths
 
 
 def pinned_graph(graph):
