@@ -1,6 +1,8 @@
 """torchrun training with one host copy per node (issue 6): CPU ranks over gloo here, NCCL on GPUs."""
 
+import contextlib
 import glob
+import io
 import json
 import os
 import socket
@@ -14,6 +16,7 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct  # noqa: F401
 from common import HAS_GPU
+from torch_direct.bench.__main__ import main
 from torch_direct.graph import load_dataset
 from torch_direct.pipeline import PipelinedLoader, make_feature_store
 
@@ -148,9 +151,6 @@ class TestTorchrun(TestCase):
 
 class TestScalingBench(TestCase):
     def test_runs_each_count_and_compares(self):
-        import contextlib
-        import io
-        from torch_direct.bench.__main__ import main
         with tempfile.TemporaryDirectory() as root:
             load_dataset("tiny", root=root, show_progress=False)
             path, svg = os.path.join(root, "s.json"), os.path.join(root, "s.svg")
@@ -169,9 +169,6 @@ class TestScalingBench(TestCase):
             self.assertIn("| 2 |", out.getvalue())
 
     def test_bad_counts(self):
-        import contextlib
-        import io
-        from torch_direct.bench.__main__ import main
         for bad in ("0", "1,1", "x", ""):
             with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as cm:
                 main(["scaling", "--nproc", bad])

@@ -26,8 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .ablation import _epoch_seconds
 from .common import machine_record, print_markdown, write_json
+from .train import _row
 
 
 def _nprocs(text: str) -> list[int]:
@@ -115,14 +115,9 @@ def run_scaling(args) -> dict:
                 write_json(out, record)
                 continue
             rec = json.load(open(path))
-            e = rec["epochs"]
-            tail_epochs = e[1:] if len(e) > 1 else e
-            exposed = {s: sorted(x["exposed_s"][s] for x in tail_epochs)[len(tail_epochs) // 2]
-                       for s in ("sample", "gather", "transfer")}
-            record["rows"].append({"nproc": k, "pipeline": label, "status": "ok", "epoch_s": _epoch_seconds(rec),
-                                   "epoch_times_s": [x["total_s"] for x in e], "exposed_s": exposed,
-                                   "host_pss_gb": rec["host_pss_gb"], "data_gb": rec["data_gb"], "losses": [x["loss"] for x in e],
-                                   "test_acc": rec["test_acc"], "world_size": rec["world_size"]})
+            row = {"nproc": k, **_row(label, rec, "")}   # the epoch figures as bench train reports them
+            row.update(host_pss_gb=rec["host_pss_gb"], data_gb=rec["data_gb"], world_size=rec["world_size"])
+            record["rows"].append(row)
             write_json(out, record)
     ok = [r for r in record["rows"] if r["status"] == "ok"]
     if ok:
