@@ -5,10 +5,11 @@
 #   bash tools/device_pipeline.sh [products|papers|pyg-wheels|all]   (default: all)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
-#   samples on the CPU) from the sdists in .whl/sdist, every extension module
-#   compiled at once (`build_ext -j`: pip builds them one after another, which
-#   took more than 8 minutes for torch-sparse), each wheel written to
-#   $OUT/wheels as soon as it is built.
+#   samples on the CPU): the wheels in .whl/ when an earlier run built them
+#   (copy them there from its $OUT/wheels), else built from the sdists in
+#   .whl/sdist, every extension module compiled at once (`build_ext -j`: pip
+#   builds them one after another, which took more than 8 minutes for
+#   torch-sparse), each wheel written to $OUT/wheels as soon as it is built.
 # - products: `bench train` on products-like (unified, cpu_centric,
 #   gpu_resident, and pyg once its wheels are installed).
 # - papers: papers100M-like generated (timed), then `bench train` unified.
@@ -21,14 +22,26 @@ DATA="${TORCH_DIRECT_DATA:-/tmp/td_data}"
 export PYTHONUNBUFFERED=1
 
 build_pyg_wheels() {
-  for sd in "$R"/.whl/sdist/torch_scatter-*.tar.gz "$R"/.whl/sdist/torch_sparse-*.tar.gz; do
-    [ -f "$sd" ] || continue
+  # Wheels fetched back from an earlier device run and carried in .whl/ are
+  # installed as they are; only the missing ones are built.
+  for pkg in torch_scatter torch_sparse; do
+    if ls "$R"/.whl/"$pkg"-*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site "$R"/.whl/"$pkg"-*.whl
+      echo "$pkg: prebuilt wheel from .whl" >> "$OUT/pyg_wheels.log"; continue
+    fi
+    sd=$(ls "$R"/.whl/sdist/"$pkg"-*.tar.gz 2>/dev/null | head -1)
+    [ -n "$sd" ] || { echo "$pkg: no sdist in .whl/sdist" >> "$OUT/pyg_wheels.log"; continue; }
     d=$(mktemp -d) && tar xzf "$sd" -C "$d" && src=$(ls -d "$d"/*/)
-    (cd "$src" && FORCE_ONLY_CPU=1 MAX_JOBS=2 timeout 480 python3 setup.py -q build_ext -j 16 bdist_wheel -d "$OUT/wheels") \
+    # `build_ext -j` builds the extension modules in parallel, but with ninja
+    # they all write one build.ninja in the same temp directory and clobber
+    # each other (torch_sparse failed so); without ninja each module compiles
+    # its own few files.
+    sed -i 's/with_options(no_python_abi_suffix=True)/with_options(no_python_abi_suffix=True, use_ninja=False)/' "$src/setup.py"
+    (cd "$src" && FORCE_ONLY_CPU=1 timeout 300 python3 setup.py -q build_ext -j 16 bdist_wheel -d "$OUT/wheels") \
       >> "$OUT/pyg_wheels.log" 2>&1
     echo "$(basename "$sd"): rc=$? $(date +%T)" >> "$OUT/pyg_wheels.log"
     # torch_sparse imports torch_scatter: install each as soon as it exists.
-    ls "$OUT"/wheels/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$OUT"/wheels/*.whl
+    ls "$OUT"/wheels/"$pkg"-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site "$OUT"/wheels/"$pkg"-*.whl
   done
 }
 

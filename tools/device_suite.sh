@@ -23,7 +23,8 @@ for f in "${files[@]}"; do
   timeout "${PER_FILE_TIMEOUT:-300}" python3 -m pytest -q -rs -p no:cacheprovider "$f" > "$OUT/$name.log" 2>&1
   rc=$?
   echo "$name rc=$rc $(( $(date +%s) - s ))s :: $(tail -1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
+  # One file of logs, appended as each file ends (the device tool brings back
+  # a few files only, and a call cut short still returns what was written).
+  { echo "===== $name"; grep -v "^Extension modules" "$OUT/$name.log"; } >> "$OUT/tests_all.log"
+  rm -f "$OUT/$name.log"
 done
-# One file of logs (the device tool brings back a few files only).
-for f in "$OUT"/test_*.log; do echo "===== $f"; grep -v "^Extension modules" "$f"; done > "$OUT/tests_all.log" 2>/dev/null
-rm -f "$OUT"/test_*.log
