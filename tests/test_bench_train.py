@@ -306,6 +306,18 @@ class TestBenchTrainGPU(_Tiny):
             self.assertIsInstance(rec["ratios"][k], float)
             self.assertGreater(rec["ratios"][k], 0)
 
+    @requires_gpu
+    def test_graph_on_the_gpu_only_for_the_gpu_sampler(self):
+        path = os.path.join(self.tmp.name, "graph.json")
+        rc, out, err = bench("--root", self.tmp.name, *FAST, "--device", "cuda", "--graph", "gpu",
+                             "--pipelines", "unified,cpu_centric", "--out", path)
+        self.assertEqual(rc, 0, err)
+        rows = {r["pipeline"]: r for r in json.load(open(path))["rows"]}
+        self.assertEqual((rows["unified"]["sampler"], rows["unified"]["graph"]), ("gpu", "cuda"))
+        # cpu_centric is CPU sampling by definition: it keeps the host CSR and says so.
+        self.assertEqual((rows["cpu_centric"]["sampler"], rows["cpu_centric"]["graph"]), ("cpu", "cpu"))
+        self.assertIn("CSR in host memory", rows["cpu_centric"]["note"])
+
 
 if __name__ == "__main__":
     run_tests()

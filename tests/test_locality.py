@@ -200,13 +200,16 @@ class TestAblation(_Tiny):
         rec = json.load(open(path))
         self.assertEqual(rec["benchmark"], "train-ablation")
         rows = {r["config"]: r for r in rec["rows"]}
-        self.assertEqual(list(rows), ["baseline", "reorder", "merge", "cache", "all"])
+        self.assertEqual(list(rows), ["baseline", "reorder", "merge", "cache", "graph", "all"])
         base = rows["baseline"]
-        self.assertEqual((base["reorder"], base["merge_gathers"], base["cache_mb"]), ("none", 1, 0))
+        self.assertEqual((base["reorder"], base["merge_gathers"], base["cache_mb"], base["graph"]),
+                         ("none", 1, 0, "cpu"))
         self.assertEqual(rows["reorder"]["reorder"], "degree")
         self.assertEqual(rows["merge"]["merge_gathers"], 2)
         self.assertEqual(rows["all"]["reorder"], "degree")
         self.assertIn("no GPU", rows["cache"]["note"])   # --device cpu: the cache cannot apply
+        self.assertIn("no GPU", rows["graph"]["note"])   # nor the GPU copy of the CSR
+        self.assertEqual(rows["graph"]["graph"], "cpu")  # the CPU sampler reads the host CSR
         for r in rec["rows"]:
             self.assertGreater(r["epoch_s"], 0)
             self.assertEqual(len(r["epoch_times_s"]), 2)
@@ -255,7 +258,11 @@ class TestAblation(_Tiny):
         rc, _, err = self.bench("--device", "cuda", "--cache-mb", "1", "--out", path)
         self.assertEqual(rc, 0, err)
         rows = {r["config"]: r for r in json.load(open(path))["rows"]}
-        self.assertEqual(len(rows), 5)
+        self.assertEqual(len(rows), 6)
+        self.assertEqual(rows["baseline"]["graph"], "unified")  # the GPU sampler reads host memory
+        for name in ("graph", "all"):
+            self.assertEqual(rows[name]["graph"], "cuda")
+            self.assertEqual(rows[name]["losses"][0], rows["baseline"]["losses"][0], atol=1e-4, rtol=1e-4)
         for name in ("cache", "all"):
             self.assertEqual(rows[name]["note"], "")
             self.assertEqual(rows[name]["cache_mb"], 1)

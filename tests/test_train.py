@@ -99,7 +99,8 @@ class TestTrain(TestCase):
         with contextlib.redirect_stdout(out), self.assertRaises(SystemExit) as cm:
             main(["train", "--help"])
         self.assertEqual(cm.exception.code, 0)
-        for opt in ("--pipeline", "--fanouts", "--model", "--json", "--plot", "--device", "--cache-mb", "--prefetch"):
+        for opt in ("--pipeline", "--fanouts", "--model", "--json", "--plot", "--device", "--cache-mb", "--prefetch",
+                    "--graph"):
             self.assertIn(opt, out.getvalue())
         for bad in (["--fanouts", "15,x"], ["--fanouts", "0"], ["--epochs", "0"], ["--model", "gcn"],
                     ["--pipeline", "nvme"], ["--batch-size", "-3"]):
@@ -109,7 +110,9 @@ class TestTrain(TestCase):
         for bad, msg in ((["--dataset", "nope"], "unknown data set"),
                          (["--eval-fanouts", "20,20"], "one per layer"),
                          (["--device", "tpu"], "not a device"),
-                         (["--cache-mb", "8", "--pipeline", "cpu_centric"], "unified only")):
+                         (["--cache-mb", "8", "--pipeline", "cpu_centric"], "unified only"),
+                         (["--graph", "gpu", "--device", "cpu"], "--graph gpu needs a CUDA device"),
+                         (["--graph", "gpu", "--sampler", "cpu", "--device", "cpu"], "needs a CUDA device")):
             err = io.StringIO()
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
                 code = main(["train", "--root", self.root, *FAST, *bad])
@@ -186,6 +189,23 @@ class TestTrain(TestCase):
         for kind, rec in recs.items():
             self.assertEqual(rec["epochs"][0]["loss"], base["epochs"][0]["loss"], atol=1e-4, rtol=1e-4, msg=kind)
             self.assertLess(abs(rec["test_acc"] - base["test_acc"]), 0.02, msg=kind)
+
+    @requires_gpu
+    def test_graph_on_the_gpu_samples_the_same_batches(self):
+        # The GPU sampler draws the same neighbours from a GPU copy of the CSR as from the unified
+        # one (same kernel, same seed); only the place the CSR is read from differs.
+        recs = {}
+        for where in ("unified", "gpu"):
+            recs[where], _ = self.quiet_run("--epochs", "1", "--device", "cuda", "--graph", where)
+        self.assertEqual(recs["unified"]["graph"], "unified")
+        self.assertEqual(recs["gpu"]["graph"], "cuda")
+        self.assertEqual(recs["gpu"]["sampler"], "gpu")
+        self.assertEqual(recs["gpu"]["epochs"][0]["loss"], recs["unified"]["epochs"][0]["loss"], atol=1e-4, rtol=1e-4)
+        # cpu_centric keeps its CPU slicing of features but samples on the GPU copy.
+        rec, _ = self.quiet_run("--epochs", "1", "--device", "cuda", "--graph", "gpu", "--pipeline", "cpu_centric")
+        self.assertEqual((rec["sampler"], rec["graph"]), ("gpu", "cuda"))
+        with self.assertRaisesRegex(ValueError, "--sampler cpu reads the CSR in host memory"):
+            self.quiet_run("--epochs", "1", "--device", "cuda", "--graph", "gpu", "--sampler", "cpu")
 
 
 if __name__ == "__main__":

@@ -6,15 +6,16 @@
 Trains the same model on the same data with the same seeds once per configuration:
 ``baseline`` (no lever), each lever alone (``reorder``: node ids relabelled hot nodes first;
 ``merge``: the feature gathers of the prefetch window merged into one ordered gather;
-``cache``: a GPU cache of the hottest rows) and ``all`` of them, and prints one table (epoch
+``cache``: a GPU cache of the hottest rows; ``graph``: the GPU sampler's CSR in GPU memory
+instead of read in place from host memory) and ``all`` of them, and prints one table (epoch
 time, speed-up over the baseline, the loader's exposed gather time, loss and accuracy) and a
 JSON record. The epoch time is the median over the epochs after the first (the first warms
 up), or the one epoch when ``--epochs 1``. Every option of ``python -m torch_direct train``
 applies (``--json`` is another name for ``--out``); the lever options give each lever's setting when on (their defaults here: reorder
-by degree, merge the prefetch window, a 256 MiB cache). The levers change where rows are
+by degree, merge the prefetch window, a 256 MiB cache, ``--graph gpu``). The levers change where rows are
 read, not what is computed: ``reorder`` and ``merge`` train on the same batches and features
 as the baseline (same losses and accuracies), and the cache only exists on a GPU (on a CPU
-its row is run and says it had no effect).
+its row is run and says it had no effect; so does the graph lever).
 """
 
 from __future__ import annotations
@@ -29,15 +30,15 @@ from pathlib import Path
 
 from .common import machine_record, write_json
 
-LEVERS = ("reorder", "merge", "cache")
+LEVERS = ("reorder", "merge", "cache", "graph")
 CONFIGS = (("baseline", ()), ("reorder", ("reorder",)), ("merge", ("merge",)), ("cache", ("cache",)),
-           ("all", LEVERS))
+           ("graph", ("graph",)), ("all", LEVERS))
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     from ..pipeline import train
     train.add_arguments(ap)
-    ap.set_defaults(reorder="degree", merge_gathers=0, cache_mb=256, epochs=3)
+    ap.set_defaults(reorder="degree", merge_gathers=0, cache_mb=256, graph="gpu", epochs=3)
     ap.add_argument("--configs", default=",".join(c for c, _ in CONFIGS),
                     help="configurations to run, comma-separated, from the default list (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=Path("results/train_ablation.json"),
@@ -50,6 +51,7 @@ def _config_args(args, levers) -> argparse.Namespace:
     a.reorder = args.reorder if "reorder" in levers else "none"
     a.merge_gathers = args.merge_gathers if "merge" in levers else 1
     a.cache_mb = args.cache_mb if "cache" in levers else 0
+    a.graph = args.graph if "graph" in levers else "unified"
     a.json = a.plot = None
     return a
 
@@ -85,12 +87,17 @@ def run_ablation(args) -> dict:
                 a.cache_mb, note = 0, "no cache: no GPU here (the cache lives in GPU memory)"
             elif args.cache_mb == 0:
                 note = "no cache: --cache-mb 0"
+        if "graph" in levers:
+            if device.type != "cuda":
+                a.graph, note = "unified", (note + "; " if note else "") + "CSR in host memory: no GPU here"
+            elif args.pipeline == "gpu_resident":
+                note = (note + "; " if note else "") + "gpu_resident keeps the CSR on the GPU in every row"
         out = io.StringIO()
         ctx = contextlib.nullcontext() if args.verbose else contextlib.redirect_stdout(out)
         with ctx:
             rec = train.run(a)
         row = {"config": name, "levers": list(levers), "reorder": a.reorder, "merge_gathers": rec["merge_gathers"],
-               "cache_mb": a.cache_mb, "epoch_s": _epoch_seconds(rec),
+               "cache_mb": a.cache_mb, "graph": rec["graph"], "epoch_s": _epoch_seconds(rec),
                "epoch_times_s": [e["total_s"] for e in rec["epochs"]],
                "exposed_gather_s": statistics.median(e["exposed_s"]["gather"] for e in rec["epochs"]),
                "reorder_s": rec["reorder_s"], "losses": [e["loss"] for e in rec["epochs"]],
@@ -113,11 +120,11 @@ def run_ablation(args) -> dict:
 def print_table(record: dict) -> None:
     print(f"train-ablation: {record['args']['dataset']}, pipeline {record['args']['pipeline']}, "
           f"device {record['device']}")
-    print("| config | reorder | merge | cache MiB | epoch s | speed-up | exposed gather s | final loss | test acc | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| config | reorder | merge | cache MiB | CSR on | epoch s | speed-up | exposed gather s | final loss | test acc | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in record["rows"]:
         sp = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
-        print(f"| {r['config']} | {r['reorder']} | {r['merge_gathers']} | {r['cache_mb']} | {r['epoch_s']:.3f} | "
+        print(f"| {r['config']} | {r['reorder']} | {r['merge_gathers']} | {r['cache_mb']} | {r['graph']} | {r['epoch_s']:.3f} | "
               f"{sp} | {r['exposed_gather_s']:.4f} | {r['losses'][-1]:.4f} | {r['test_acc']:.4f} | {r['note']} |")
 
 

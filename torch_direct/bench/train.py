@@ -116,7 +116,7 @@ def _row(name: str, rec: dict, note: str) -> dict:
            "exposed_s": exposed, "losses": [e["loss"] for e in epochs],
            "train_acc": [e["train_acc"] for e in epochs], "valid_acc": [e["valid_acc"] for e in epochs],
            "test_acc": rec["test_acc"], "backend": rec["backend"], "sampler": rec["sampler"],
-           "device": rec["device"], "note": note}
+           "device": rec["device"], "graph": rec.get("graph"), "note": note}
     if "test_acc_full" in rec:
         row["test_acc_full"] = rec["test_acc_full"]
     for k in ("feature_store", "block_mode", "num_workers"):
@@ -137,6 +137,9 @@ def _run_one(name: str, args, device) -> dict:
     if args.cache_mb and name != "unified":
         a.cache_mb = 0
         notes.append(f"no cache: --cache-mb applies to unified, not {name}")
+    if getattr(args, "graph", "unified") == "gpu" and name in ("cpu_centric", "pyg"):
+        a.graph = "unified"   # both sample on the CPU, from the CSR in host memory, by definition
+        notes.append(f"CSR in host memory: {name} samples on the CPU")
     if name == "pyg" and args.merge_gathers != 1:
         notes.append("no merged gathers: PyG's loader gathers per batch")
     if name == "pyg" and args.sampler != "auto":

@@ -163,7 +163,7 @@ def run(args, make_loader=None) -> dict:
                 dropout=args.dropout, use_pyg=use_pyg).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
-              "dataset": repr(ds), "backend": model.backend, "sampler": "pyg", "loader": "NeighborLoader",
+              "dataset": repr(ds), "backend": model.backend, "sampler": "pyg", "graph": "cpu", "loader": "NeighborLoader",
               "num_workers": workers, "pin_memory": cuda, "block_mode": None, "reorder": args.reorder,
               "reorder_s": reorder_s, "merge_gathers": 1, "epochs": []}
     print(f"train (PyG NeighborLoader): {ds!r}\n  model {args.model} ({model.backend}), device {device}, "

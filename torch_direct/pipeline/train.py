@@ -201,6 +201,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampler", choices=("auto", "cpu", "gpu"), default="auto",
                    help="neighbour sampler: CPU threads, or the GPU reading the unified CSR in place; auto = "
                         "gpu for the unified and gpu_resident pipelines on a GPU, cpu otherwise")
+    p.add_argument("--graph", choices=("unified", "gpu"), default="unified",
+                   help="where the GPU sampler reads the CSR: unified = in host memory, read in place over "
+                        "PCIe (no GPU memory); gpu = a copy in GPU memory (faster sampling; needs the GPU "
+                        "sampler; the features stay where --pipeline puts them). gpu_resident always "
+                        "copies it (default: %(default)s)")
     p.add_argument("--cache-mb", type=_nonneg_int, default=0,
                    help="unified pipeline on a GPU: MiB of GPU memory for the hottest (highest-degree) "
                         "feature rows (default: %(default)s)")
@@ -267,6 +272,18 @@ class _StepTimer:
             self.seconds += a.elapsed_time(b) / 1e3
         self.pairs.clear()
         return self.seconds
+
+
+def graph_to_gpu(graph, device):
+    """``graph`` copied to the GPU ``device``, with a clear error, before any allocation, when
+    its arrays would leave less than a quarter of the free GPU memory for training."""
+    need = sum(t.numel() * t.element_size() for t in (graph.rowptr, graph.col, graph.edge_ids)
+               if t is not None)
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > 0.75 * free:
+        raise ValueError(f"the graph's CSR takes {need / 2**30:.2f} GiB, {device} has {free / 2**30:.2f} GiB free: "
+                         f"too little left to train beside a GPU copy; keep it in host memory (--graph unified)")
+    return graph.to(device)
 
 
 def _sync(device):
@@ -424,6 +441,11 @@ def _run(args, ctx) -> dict:
     if args.cache_mb and device.type != "cuda":
         say("train: --cache-mb has no effect without a GPU (there is no GPU memory to cache in)",
             file=sys.stderr)
+    if getattr(args, "graph", "unified") == "gpu":
+        if device.type != "cuda":
+            raise ValueError("--graph gpu needs a CUDA device")
+        if args.sampler == "cpu":
+            raise ValueError("--graph gpu is read by the GPU sampler; --sampler cpu reads the CSR in host memory")
     if args.pipeline == "gpu_resident" and device.type != "cuda":
         say("train: gpu_resident on the CPU keeps the features in host memory (no GPU here)", file=sys.stderr)
     if args.threads:
@@ -442,13 +464,14 @@ def _run(args, ctx) -> dict:
         reorder_s = ctx.all_max([loaded.get("reorder_s", 0.0)])[0]
         loaded.clear()  # local rank 0 drops its private copy: the shared one is all that is left
     merge = args.merge_gathers or max(2, args.prefetch)
+    graph_on_gpu = getattr(args, "graph", "unified") == "gpu"
     use_gpu_sampler = args.sampler == "gpu" or (
-        args.sampler == "auto" and device.type == "cuda" and args.pipeline != "cpu_centric")
+        args.sampler == "auto" and device.type == "cuda" and (args.pipeline != "cpu_centric" or graph_on_gpu))
     if use_gpu_sampler and device.type != "cuda":
         raise ValueError("--sampler gpu needs a CUDA device")
     if use_gpu_sampler:
-        if args.pipeline == "gpu_resident":
-            graph = ds.graph.to(device)
+        if args.pipeline == "gpu_resident" or graph_on_gpu:
+            graph = graph_to_gpu(ds.graph, device)
         elif ctx is not None:
             graph = pinned_graph(ds.graph)  # the node's shared pages, page-locked here: no copy
         else:
@@ -485,10 +508,11 @@ def _run(args, ctx) -> dict:
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
               "world_size": 1 if ctx is None else ctx.world,
               "dataset": repr(ds), "backend": model.backend,
-              "sampler": "gpu" if use_gpu_sampler else "cpu", "reorder": args.reorder, "reorder_s": reorder_s,
+              "sampler": "gpu" if use_gpu_sampler else "cpu", "graph": graph.device.type,
+              "reorder": args.reorder, "reorder_s": reorder_s,
               "merge_gathers": merge, "epochs": []}
     say(f"train: {ds!r}\n  model {args.model} ({model.backend}), pipeline {args.pipeline}, device {device}, "
-          f"sampler {record['sampler']}, fanouts {args.fanouts}, batch {args.batch_size}, hidden {args.hidden}"
+          f"sampler {record['sampler']} (CSR on {record['graph']}), fanouts {args.fanouts}, batch {args.batch_size}, hidden {args.hidden}"
           + (f", reorder {args.reorder} ({reorder_s:.2f} s)" if args.reorder != "none" else "")
         + (f", {merge} batches per gather" if merge > 1 else "")
         + (f"\n  {ctx.world} processes ({ctx.backend}), one host copy per node in shared memory"
