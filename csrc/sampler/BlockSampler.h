@@ -19,14 +19,15 @@ SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, cons
                            const std::vector<int64_t>& fanouts, uint64_t seed, int64_t stream,
                            bool return_slots);
 
-// One hop's draw: for each target nodes[i], writes min(fanout, degree) distinct
-// CSR slots (all when fanout < 0) at out_offsets[i] into `slots`, their
-// neighbours into `src` and i into `dst`.
-void draw_neighbours_cpu(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& nodes,
+// One hop's draw: for each target i, whose CSR row starts at begins[i] and has
+// degrees[i] entries, writes min(fanout, degree) distinct CSR slots (all when
+// fanout < 0) at offsets[i] into `slots`, their neighbours into `src` and i
+// into `dst`.
+void draw_neighbours_cpu(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& degrees,
                          int64_t fanout, const at::Tensor& offsets, uint64_t seed, uint64_t stream,
                          at::Tensor& slots, at::Tensor& src, at::Tensor& dst);
 #ifdef TORCH_DIRECT_WITH_CUDA
-void draw_neighbours_cuda(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& nodes,
+void draw_neighbours_cuda(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& degrees,
                           int64_t fanout, const at::Tensor& offsets, uint64_t seed, uint64_t stream,
                           at::Tensor& slots, at::Tensor& src, at::Tensor& dst);
 #endif
