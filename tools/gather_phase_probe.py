@@ -1,0 +1,76 @@
+"""Device-side experiment: where ours loses to naive_uva_sorted on a large table.
+
+Both read the same rows in address order; they differ in the reordering around
+the read and in the read kernel. For a 32 GB unified table (PROBE_TABLE_GB),
+400K random indices and a few row sizes, times (median of 5, GB/s of rows
+moved):
+
+  ours            torch_direct.gather(table, idx): sort, read, write back to place
+  ours_read       torch_direct.gather(table, sorted_idx, order="as_is"): our read alone
+  stock_read      torch.index_select(cuda_alias, 0, sorted_idx): the stock read alone
+  sort            torch.sort(idx) alone (reported as seconds)
+  naive_sorted    sort + stock read + scatter back (the bench's naive_uva_sorted)
+
+so ours - ours_read is our reordering, ours_read vs stock_read the kernels.
+Writes JSON to argv[1].
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import torch_direct
+
+
+def med(fn, reps=5):
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "gather_phase_probe.json"
+    gb = float(os.environ.get("PROBE_TABLE_GB", "32"))
+    n = int(os.environ.get("PROBE_INDICES", "400000"))
+    base = torch.empty(int(gb * 1e9) // 4, device="unified")
+    base.uniform_(-1, 1)
+    g = torch.Generator().manual_seed(0)
+    res = []
+    for row_bytes in (128, 256, 512, 1024):
+        rows = base.numel() * 4 // row_bytes
+        table = base[: rows * row_bytes // 4].view(rows, row_bytes // 4)
+        alias = torch_direct._C._as_cuda_alias(table, 0)
+        idx = torch.randint(0, rows, (n,), generator=g).cuda()
+        sidx, perm = torch.sort(idx)
+        buf = torch.empty(n, row_bytes // 4, device="cuda")
+
+        def naive_sorted():
+            s, p = torch.sort(idx)
+            buf[p] = torch.index_select(alias, 0, s)
+
+        moved = n * row_bytes / 1e9
+        rec = {"row_bytes": row_bytes, "table_gb": gb, "indices": n,
+               "ours": moved / med(lambda: torch_direct.gather(table, idx)),
+               "ours_read": moved / med(lambda: torch_direct.gather(table, sidx, order="as_is")),
+               "stock_read": moved / med(lambda: torch.index_select(alias, 0, sidx)),
+               "naive_sorted": moved / med(naive_sorted),
+               "sort_s": med(lambda: torch.sort(idx))}
+        assert torch.equal(torch_direct.gather(table, sidx, order="as_is"), torch.index_select(alias, 0, sidx))
+        res.append(rec)
+        print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in rec.items()}), flush=True)
+    with open(out, "w") as f:
+        json.dump({"machine": torch.cuda.get_device_name(), "points": res}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
