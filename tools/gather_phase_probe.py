@@ -16,26 +16,12 @@ Writes JSON to argv[1].
 """
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 import torch_direct
-
-
-def med(fn, reps=5):
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+from hybrid_probe import med  # tools/ is on sys.path when run as python3 tools/gather_phase_probe.py
 
 
 def main():
