@@ -136,14 +136,21 @@ class TestCpuThreads(TestCase):
             got = pool.apply_async(torch_direct._C._parallel_threads_used, (4,)).get(timeout=60)
         self.assertEqual(got, 4)
 
-    def test_bad_index_in_the_last_chunk(self):
+    def test_bad_index_in_any_chunk(self):
+        # The bounds check runs over the pool's threads in chunks: a bad index is found in the
+        # first, a middle or the last one, too large or too negative, before any row is read.
         src = torch.randn(100000, 4)
         u = src.to("unified")
-        idx = torch.randint(0, 100000, (200000,))
-        idx[-1] = 100000  # in the last chunk
-        with self.assertRaisesRegex(IndexError, "100000"):
-            torch_direct.gather(u, idx)
-        self.assertEqual(torch_direct.gather(u, idx[:-1]), src[idx[:-1]])
+        good = torch.randint(-100000, 100000, (200000,))
+        for pos in (0, 131071, 199999):
+            for bad in (100000, -100001):
+                idx = good.clone()
+                idx[pos] = bad
+                out = torch.full((200000, 4), 7.0)
+                with self.assertRaisesRegex(IndexError, f"index {bad} is out of bounds"):
+                    torch_direct.gather(u, idx, out=out)
+                self.assertTrue(bool((out == 7.0).all()), msg="rows written before the check")
+        self.assertEqual(torch_direct.gather(u, good), src[good])
 
 
 class TestGatherCPU(GatherChecks, TestCase):

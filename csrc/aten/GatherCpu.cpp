@@ -10,22 +10,34 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
+#include <mutex>
 
 namespace at::native::unified {
 namespace {
 
 template <typename index_t>
-void check_indices(const index_t* idx, int64_t n, int64_t rows, bool allow_negative) {
+void check_indices(const index_t* idx, int64_t n, int64_t rows, bool allow_negative, int64_t max_threads) {
   if (n == 0) {  // nothing to read (a table without rows included)
     return;
   }
-  index_t lo = 0;
-  index_t hi = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    lo = std::min(lo, idx[i]);
-    hi = std::max(hi, idx[i]);
-  }
+  // min/max over the pool's threads: one serial pass over a 400K index costs
+  // a sizeable part of the gather it guards.
+  std::mutex m;
+  index_t lo = idx[0];
+  index_t hi = idx[0];
+  parallel_chunks(n, 65536, max_threads, [&](int64_t b, int64_t e) {
+    index_t l = idx[b];
+    index_t h = idx[b];
+    for (int64_t i = b + 1; i < e; ++i) {
+      l = std::min(l, idx[i]);
+      h = std::max(h, idx[i]);
+    }
+    std::lock_guard<std::mutex> g(m);
+    lo = std::min(lo, l);
+    hi = std::max(hi, h);
+  });
   check_index_bounds(static_cast<int64_t>(lo), static_cast<int64_t>(hi), rows, "gather",
                      allow_negative);
 }
@@ -103,7 +115,7 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
   TORCH_CHECK(out.numel() == idx.numel() * row_width(table),
               "gather_rows_cpu: out has the wrong number of elements");
   AT_DISPATCH_INDEX_TYPES(idx.scalar_type(), "gather_rows_cpu", [&] {
-    check_indices<index_t>(idx.const_data_ptr<index_t>(), idx.numel(), rows, allow_negative);
+    check_indices<index_t>(idx.const_data_ptr<index_t>(), idx.numel(), rows, allow_negative, max_threads);
     gather_rows<index_t>(host, idx.const_data_ptr<index_t>(), idx.numel(), out, max_threads);
   });
   return out;
