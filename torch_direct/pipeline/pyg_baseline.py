@@ -115,9 +115,10 @@ def evaluate(model, loader, device, num_layers, show: bool, desc: str) -> float:
             adjs, _ = _adjs_of(batch, edge_index, num_layers)
             pred = model(x, adjs)[:y.numel()].argmax(1)
             mask = y >= 0
-            correct += int((pred[mask] == y[mask]).sum())
-            total += int(mask.sum())
+            correct += ((pred == y) & mask).sum()
+            total += mask.sum()
             bar.update(1)
+    correct, total = int(correct), int(total)
     return correct / total if total else float("nan")
 
 
@@ -199,8 +200,7 @@ def run(args, make_loader=None) -> dict:
                 loss.backward()
                 opt.step()
                 loss_sum += loss.detach() * n
-                mask = y >= 0
-                correct += (out.argmax(1)[mask] == y[mask]).sum()
+                correct += ((out.argmax(1) == y) & (y >= 0)).sum()  # no host wait, as in train.py
                 seen += n
                 steps.stop(t)
                 bar.update(1)

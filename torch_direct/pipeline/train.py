@@ -302,9 +302,10 @@ def evaluate(model, loader, device, show: bool, desc: str, ctx=None) -> float:
         for b in loader:
             pred = model(b.x, b.adjs).argmax(1)
             mask = b.y >= 0
-            correct += int((pred[mask] == b.y[mask]).sum())
-            total += int(mask.sum())
+            correct += ((pred == b.y) & mask).sum()   # on the device: no wait per batch
+            total += mask.sum()
             bar.update(1)
+    correct, total = int(correct), int(total)
     if ctx is not None:
         correct, total = ctx.all_sum([correct, total])
     return correct / total if total else float("nan")
@@ -538,8 +539,9 @@ def _run(args, ctx) -> dict:
                     loss.backward()
                     opt.step()
                     loss_sum += loss.detach() * b.batch_size
-                    mask = b.y >= 0
-                    correct += (out.argmax(1)[mask] == b.y[mask]).sum()
+                    # Labelled seeds predicted right, without a boolean-mask index: that would
+                    # wait for the step on the host (its size) before the next could be queued.
+                    correct += ((out.argmax(1) == b.y) & (b.y >= 0)).sum()
                     seen += b.batch_size
                     steps.stop(t)
                     bar.update(1)
