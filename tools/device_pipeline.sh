@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
 # extension: the end-to-end pipeline figures of issue 5, in one call.
 #
-#   bash tools/device_pipeline.sh [products|papers|pyg-wheels|all]   (default: all)
+#   bash tools/device_pipeline.sh [products|products-ablation|papers|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU): the wheels in .whl/ when an earlier run built them
@@ -11,8 +11,11 @@
 #   builds them one after another, which took more than 8 minutes for
 #   torch-sparse), each wheel written to $OUT/wheels as soon as it is built.
 # - products: `bench train` on products-like (unified, cpu_centric,
-#   gpu_resident, and pyg once its wheels are installed).
-# - papers: papers100M-like generated (timed), then `bench train` unified.
+#   gpu_resident, and pyg once its wheels are installed), then unified and
+#   gpu_resident with `--graph gpu`.
+# - products-ablation: `bench train-ablation` on products-like (every lever).
+# - papers: papers100M-like generated (timed), then `bench train` unified with
+#   the CSR in host memory and with `--graph gpu`.
 # Everything is logged under $OUT; each step has its own time limit.
 set -u
 OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT/wheels"
@@ -54,17 +57,33 @@ bench() {  # name, limit, args...
   tail -12 "$OUT/train_$name.log"
 }
 
+ablation() {  # dataset, limit, args...
+  local ds=$1 limit=$2; shift 2
+  local t0; t0=$(date +%s)
+  timeout "$limit" python3 -m torch_direct.bench train-ablation --root "$DATA" --no-progress --dataset "$ds" \
+    --out "$OUT/ablation_$ds.json" "$@" > "$OUT/ablation_$ds.log" 2>&1
+  echo "ablation $ds: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
+  tail -10 "$OUT/ablation_$ds.log"
+}
+
+papers_data() {
+  local t0; t0=$(date +%s)
+  timeout 400 python3 -m torch_direct.graph papers100M-like --root "$DATA" --quiet > "$OUT/papers_gen.log" 2>&1
+  echo "papers100M-like generation: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
+}
+
 case "$what" in
   pyg-wheels) build_pyg_wheels ;;
-  products)
-    bench products-like 420 --dataset products-like --epochs 3 --pipelines unified,cpu_centric,gpu_resident,pyg ;;
-  papers)
-    t0=$(date +%s)
-    timeout 400 python3 -m torch_direct.graph papers100M-like --root "$DATA" --quiet > "$OUT/papers_gen.log" 2>&1
-    echo "papers100M-like generation: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
-    bench papers100M-like 300 --dataset papers100M-like --epochs 2 --pipelines unified ;;
-  all)  # the wheels first: a compile beside the benchmark would take the CPU its pipelines use
+  products|all)  # every pipeline (PyG's wheels first: a compile beside the benchmark would take
+    # the CPU its pipelines use); then unified with the GPU sampler on a GPU copy of the CSR
     build_pyg_wheels
-    bench products-like 420 --dataset products-like --epochs 3 --pipelines unified,cpu_centric,gpu_resident,pyg ;;
-  *) echo "device_pipeline: unknown step $what (products, papers, pyg-wheels, all)" >&2; exit 2 ;;
+    bench products-like 300 --dataset products-like --epochs 2 --pipelines unified,cpu_centric,gpu_resident,pyg
+    bench products-like_graph-gpu 90 --dataset products-like --epochs 2 --pipelines unified,gpu_resident --graph gpu ;;
+  products-ablation)
+    ablation products-like 300 --epochs 2 --cache-mb 256 ;;
+  papers)
+    papers_data
+    bench papers100M-like 150 --dataset papers100M-like --epochs 2 --pipelines unified
+    bench papers100M-like_graph-gpu 150 --dataset papers100M-like --epochs 2 --pipelines unified --graph gpu ;;
+  *) echo "device_pipeline: unknown step $what (products, products-ablation, papers, pyg-wheels, all)" >&2; exit 2 ;;
 esac
