@@ -153,6 +153,40 @@ class TestCpuThreads(TestCase):
         self.assertEqual(torch_direct.gather(u, good), src[good])
 
 
+class TestHybridPolicy(TestCase):
+    """The hybrid gather's split policy (csrc/aten/HybridSplit.h), replayed over given call
+    timings: (rows, rows given to the CPU, CPU seconds, GPU seconds) per call."""
+
+    replay = staticmethod(lambda calls: torch_direct._C._hybrid_policy_replay(calls))
+
+    def test_split_where_the_pair_beats_the_gpu_alone(self):
+        picks = self.replay([
+            (1000, 250, 0.01, 0.01),   # together: CPU 25K rows/s, GPU 75K rows/s
+            (1000, 0, 0.0, 0.0125),    # the GPU alone: 80K rows/s, less than the pair's 100K
+        ])
+        self.assertEqual(picks[0], 0.25)   # nothing measured: the default
+        self.assertEqual(picks[1], 0.0)    # both paths known: now the GPU alone, once
+        self.assertAlmostEqual(picks[2], 0.25)  # both finish together at 25% on the CPU
+
+    def test_gpu_alone_where_the_pair_is_slower(self):
+        # A shared link: together 25K + 50K rows/s, the GPU alone 100K rows/s.
+        calls = [(1000, 250, 0.01, 0.015), (1000, 0, 0.0, 0.01)]
+        picks = self.replay(calls + [(1000, 0, 0.0, 0.01)] * 30)
+        self.assertEqual(picks[2:4], [0.0, 0.0])
+        # One call in 16 tries the split again (1/3 of the rows to the CPU), the rest stay on the GPU.
+        tries = [i for i, f in enumerate(picks) if i >= 2 and f > 0]
+        self.assertEqual(len(tries), 2)
+        self.assertEqual(tries[1] - tries[0], 16)
+        self.assertAlmostEqual(picks[tries[0]], 1 / 3)
+        # Should the pair get faster (the CPU path at 200K rows/s), the split comes back.
+        picks = self.replay(calls + [(1000, 500, 0.0025, 0.0025)])
+        self.assertGreater(picks[-1], 0.05)
+
+    def test_split_stays_within_bounds(self):
+        self.assertEqual(self.replay([(1000, 500, 100.0, 1e-4), (1000, 0, 0.0, 1e-1)])[-1], 0.05)
+        self.assertEqual(self.replay([(1000, 500, 1e-4, 100.0), (1000, 0, 0.0, 100.0)])[-1], 0.95)
+
+
 class TestGatherCPU(GatherChecks, TestCase):
     device = "cpu"
 
@@ -281,7 +315,7 @@ class TestGatherKernelCUDA(TestCase):
         self.assertEqual(torch_direct.hybrid_cpu_fraction(12344), 0.25)  # nothing measured yet
         f = torch_direct.hybrid_cpu_fraction(200)  # measured by the calls above
         self.assertNotEqual(f, 0.25)
-        self.assertTrue(0.05 <= f <= 0.95, f)
+        self.assertTrue(f == 0.0 or 0.05 <= f <= 0.95, f)  # 0: the GPU alone was faster
         out = torch.empty(30000, 100, dtype=torch.float16, device="cuda")
         self.assertIs(torch_direct.gather(u, idx.cuda(), out=out, cpu_threads=1), out)
         self.assertEqual(out.cpu(), ref)

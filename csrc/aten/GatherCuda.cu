@@ -18,6 +18,7 @@
 //   4. it runs on the current stream, optionally on fewer SMs than the GPU has.
 // The kernel re-checks each row number and never reads outside the table.
 
+#include "HybridSplit.h"
 #include "Placement.h"
 #include "UnifiedKernels.h"
 
@@ -467,12 +468,7 @@ void launch_gather(const at::Tensor& table, const at::Tensor& idx, at::Tensor& o
   }
 }
 
-// Rows per second of each path of the hybrid gather, per (device, row bytes),
-// smoothed over calls.
-struct HybridRates {
-  double cpu = 0;
-  double gpu = 0;
-};
+// The hybrid gather's measured rates per (device, row bytes); see HybridSplit.h.
 std::mutex& rates_mutex() {
   static std::mutex m;
   return m;
@@ -481,7 +477,6 @@ std::map<std::pair<int, int64_t>, HybridRates>& rates() {
   static std::map<std::pair<int, int64_t>, HybridRates> r;
   return r;
 }
-constexpr double kDefaultCpuFraction = 0.25;
 // The CPU part is gathered and copied in up to this many pieces of at least
 // this many rows (fewer pieces: less overlap; smaller ones: more dispatches).
 constexpr int64_t kHybridPieces = 4;
@@ -580,14 +575,7 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   C10_CUDA_CHECK(cudaEventDestroy(c1));
   {
     std::lock_guard<std::mutex> g(rates_mutex());
-    HybridRates& r = rates()[key];
-    auto blend = [](double old, double now) { return old > 0 ? 0.5 * old + 0.5 * now : now; };
-    if (k > 0 && t_cpu > 0) {
-      r.cpu = blend(r.cpu, static_cast<double>(k) / t_cpu);
-    }
-    if (k < n && gpu_ms > 0) {
-      r.gpu = blend(r.gpu, static_cast<double>(n - k) / (gpu_ms * 1e-3));
-    }
+    record_hybrid_call(rates()[key], n, k, t_cpu, k < n ? gpu_ms * 1e-3 : 0.0);
   }
   return f;
 }
@@ -595,11 +583,7 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
 double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes) {
   std::lock_guard<std::mutex> g(rates_mutex());
   const auto it = rates().find({static_cast<int>(device), row_bytes});
-  if (it == rates().end() || it->second.cpu <= 0 || it->second.gpu <= 0) {
-    return kDefaultCpuFraction;
-  }
-  const double f = it->second.cpu / (it->second.cpu + it->second.gpu);
-  return std::min(0.95, std::max(0.05, f));  // keep measuring both paths
+  return it == rates().end() ? kDefaultCpuFraction : choose_hybrid_fraction(it->second);
 }
 
 } // namespace at::native::unified

@@ -2,6 +2,7 @@
 // PyTorch (hooks, boxed fallback; the per-op kernels are registered by the
 // generated RegisterUnified.cpp) and exposes the runtime to torch_direct.
 
+#include "../aten/HybridSplit.h"
 #include "../aten/ParallelChunks.h"
 #include "../aten/Placement.h"
 #include "../aten/Sharing.h"
@@ -20,6 +21,8 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 namespace {
 
@@ -105,6 +108,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       ids.insert(std::this_thread::get_id());
     });
     return static_cast<int64_t>(ids.size());
+  });
+  // The hybrid split's policy replayed over given call timings (n, k, cpu_s,
+  // gpu_s): the fraction it picks before the first call and after each one.
+  m.def("_hybrid_policy_replay", [](const std::vector<std::tuple<int64_t, int64_t, double, double>>& calls) {
+    at::native::unified::HybridRates r;
+    std::vector<double> picks{at::native::unified::choose_hybrid_fraction(r)};
+    for (const auto& [n, k, cpu_s, gpu_s] : calls) {
+      at::native::unified::record_hybrid_call(r, n, k, cpu_s, gpu_s);
+      picks.push_back(at::native::unified::choose_hybrid_fraction(r));
+    }
+    return picks;
   });
   m.def("_hybrid_cpu_fraction", [](int64_t device, int64_t row_bytes) {
 #ifdef TORCH_DIRECT_WITH_CUDA
