@@ -137,15 +137,19 @@ class TestTorchrun(TestCase):
         self.assertIn("1 processes (nccl)", p.stdout)
         rec = json.load(open(path))
         self.assertEqual(rec["sampler"], "gpu")  # the GPU sampler over the pinned shared CSR
+        self.assertGreater(rec["feature_store"]["cache_rows"], 0)  # the rank's own GPU cache
 
     @unittest.skipUnless(TWO_GPUS, "needs two GPUs: one NCCL rank per GPU")
     def test_two_gpu_ranks_over_nccl(self):
         before = shm_files()
         path = os.path.join(self.root, "gpu2.json")
-        p = self.torchrun(["--standalone", "--nproc-per-node=2"], ["--device", "cuda", "--epochs", "2", "--json", path])
+        p = self.torchrun(["--standalone", "--nproc-per-node=2"],
+                          ["--device", "cuda", "--epochs", "2", "--cache-mb", "1", "--json", path])
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
         self.assertIn("2 processes (nccl)", p.stdout)
-        self.assertEqual(json.load(open(path))["world_size"], 2)
+        rec = json.load(open(path))
+        self.assertEqual(rec["world_size"], 2)
+        self.assertGreater(rec["feature_store"]["cache_rows"], 0)  # each rank caches on its GPU
         self.assertEqual(shm_files(), before)
 
 
