@@ -153,6 +153,7 @@ class TestCpuThreads(TestCase):
         self.assertEqual(torch_direct.gather(u, good), src[good])
 
 
+@extension_only("_hybrid_policy_replay is a test hook of the extension's module")
 class TestHybridPolicy(TestCase):
     """The hybrid gather's split policy (csrc/aten/HybridSplit.h), replayed over given call
     timings: (rows, rows given to the CPU, CPU seconds, GPU seconds) per call."""
