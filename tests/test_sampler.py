@@ -1,8 +1,10 @@
 """CPU neighbour sampler: block layout, correctness against a reference, unbiasedness, determinism."""
 
 import itertools
+import unittest
 
 import numpy as np
+
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
@@ -280,6 +282,27 @@ class TestErrors(TestCase):
             NeighborSampler(graph.rowptr, [2])
         with self.assertRaisesRegex(ValueError, "positive int"):
             next(sampler.loader(torch.arange(4), 0))
+
+    @unittest.skipIf(torch.cuda.is_available(), "checks the error without CUDA; the GPU test pins")
+    def test_pin_memory_needs_cuda(self):
+        with self.assertRaisesRegex(ValueError, "pin_memory=True needs CUDA"):
+            NeighborSampler(random_graph(), [2], pin_memory=True)
+
+    @requires_gpu
+    def test_pinned_results_equal_pageable_ones(self):
+        graph = random_graph()
+        seeds = [torch.arange(i, i + 20) for i in range(0, 100, 20)]
+        plain = NeighborSampler(graph, [5, 3], seed=1, return_edge_ids=True).sample_batches(seeds)
+        pinned = NeighborSampler(graph, [5, 3], seed=1, return_edge_ids=True, pin_memory=True).sample_batches(seeds)
+        for x, y in zip(plain, pinned):
+            self.assertTrue(y.n_id.is_pinned())
+            self.assertFalse(x.n_id.is_pinned())
+            self.assertEqual(x.n_id, y.n_id)
+            for hx, hy in zip(x.hops, y.hops):
+                self.assertTrue(hy.edge_index.is_pinned())
+                self.assertEqual(hx.edge_index, hy.edge_index)
+                self.assertEqual(hx.e_id, hy.e_id)
+                self.assertEqual(hy.edge_index.to("cuda", non_blocking=True).cpu(), hx.edge_index)
 
     def test_empty_batch(self):
         batch = NeighborSampler(random_graph(), [2, 2]).sample(torch.empty(0, dtype=torch.long))

@@ -37,11 +37,11 @@ void bind(pybind11::module& m) {
   m.def("_sample_neighbors",
         [](const at::Tensor& rowptr, const at::Tensor& col, const std::vector<at::Tensor>& batches,
            const std::vector<int64_t>& fanouts, uint64_t seed, const std::vector<int64_t>& streams,
-           bool return_slots) {
+           bool return_slots, bool pin_output) {
           std::vector<SampledBatch> result;
           {
             py::gil_scoped_release no_gil;
-            result = sample_neighbors(rowptr, col, batches, fanouts, seed, streams, return_slots);
+            result = sample_neighbors(rowptr, col, batches, fanouts, seed, streams, return_slots, pin_output);
           }
           py::list out;
           for (const auto& b : result) {

@@ -47,7 +47,10 @@ void choose_distinct(Rng& rng, int64_t n, int64_t k, std::vector<int64_t>& out, 
 template <typename col_t>
 SampledBatch sample_batch(const int64_t* rowptr, const col_t* col, int64_t num_nodes,
                           const at::Tensor& seeds, const std::vector<int64_t>& fanouts,
-                          Rng rng, bool return_slots) {
+                          Rng rng, bool return_slots, bool pin_output) {
+  // Page-locked results go to a GPU by an asynchronous DMA; pageable ones are
+  // staged by the driver at a fraction of the speed, the host waiting.
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).pinned_memory(pin_output);
   const int64_t n_seeds = seeds.numel();
   const int64_t* seed_ids = seeds.const_data_ptr<int64_t>();
   int64_t expected = n_seeds;
@@ -113,18 +116,18 @@ SampledBatch sample_batch(const int64_t* rowptr, const col_t* col, int64_t num_n
     }
     Hop hop;
     const auto e = static_cast<int64_t>(src.size());
-    hop.edge_index = at::empty({2, e}, at::kLong);
+    hop.edge_index = at::empty({2, e}, long_opts);
     std::copy(src.begin(), src.end(), hop.edge_index.data_ptr<int64_t>());
     std::copy(dst.begin(), dst.end(), hop.edge_index.data_ptr<int64_t>() + e);
     if (return_slots) {
-      hop.slots = at::empty({e}, at::kLong);
+      hop.slots = at::empty({e}, long_opts);
       std::copy(slots.begin(), slots.end(), hop.slots.data_ptr<int64_t>());
     }
     hop.n_src = static_cast<int64_t>(nodes.size());
     hop.n_dst = n_dst;
     out.hops.push_back(std::move(hop));
   }
-  out.n_id = at::empty({static_cast<int64_t>(nodes.size())}, at::kLong);
+  out.n_id = at::empty({static_cast<int64_t>(nodes.size())}, long_opts);
   std::copy(nodes.begin(), nodes.end(), out.n_id.data_ptr<int64_t>());
   return out;
 }
@@ -142,7 +145,8 @@ at::Tensor host_view(const at::Tensor& t) {
 std::vector<SampledBatch> sample_neighbors(const at::Tensor& rowptr_in, const at::Tensor& col_in,
                                            const std::vector<at::Tensor>& batches,
                                            const std::vector<int64_t>& fanouts, uint64_t seed,
-                                           const std::vector<int64_t>& streams, bool return_slots) {
+                                           const std::vector<int64_t>& streams, bool return_slots,
+                                           bool pin_output) {
   const at::Tensor rowptr = host_view(rowptr_in);
   const at::Tensor col = host_view(col_in);
   TORCH_CHECK(rowptr.is_cpu() && rowptr.dim() == 1 && rowptr.scalar_type() == at::kLong &&
@@ -165,10 +169,10 @@ std::vector<SampledBatch> sample_neighbors(const at::Tensor& rowptr_in, const at
       Rng rng(seed, static_cast<uint64_t>(streams[b]));
       if (col.scalar_type() == at::kLong) {
         out[b] = sample_batch(rp, col.const_data_ptr<int64_t>(), num_nodes, batches[b], fanouts,
-                              rng, return_slots);
+                              rng, return_slots, pin_output);
       } else {
         out[b] = sample_batch(rp, col.const_data_ptr<int32_t>(), num_nodes, batches[b], fanouts,
-                              rng, return_slots);
+                              rng, return_slots, pin_output);
       }
     }
   });

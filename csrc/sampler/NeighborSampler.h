@@ -31,10 +31,13 @@ struct SampledBatch {
 // min(fanout, degree) distinct neighbour slots uniformly without replacement
 // (fanout < 0: all). Batch b draws from its own generator, seeded by
 // (seed, streams[b]), so results do not depend on the number of threads.
+// pin_output: the results in page-locked memory (needs CUDA), for an
+// asynchronous copy to a GPU.
 std::vector<SampledBatch> sample_neighbors(const at::Tensor& rowptr, const at::Tensor& col,
                                            const std::vector<at::Tensor>& batches,
                                            const std::vector<int64_t>& fanouts, uint64_t seed,
-                                           const std::vector<int64_t>& streams, bool return_slots);
+                                           const std::vector<int64_t>& streams, bool return_slots,
+                                           bool pin_output = false);
 
 // n draws from [0, bound) by the samplers' generator (exposed for tests).
 at::Tensor uniform_below(uint64_t seed, uint64_t stream, int64_t bound, int64_t n);

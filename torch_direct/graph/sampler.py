@@ -97,19 +97,26 @@ class NeighborSampler:
     with its own generator seeded from ``(seed, batch number)``: the same seed
     and the same sequence of calls give the same batches whatever the number of
     threads. ``return_edge_ids`` fills each block's ``e_id`` (the graph's
-    ``edge_ids`` where it has them, else CSR slot positions).
+    ``edge_ids`` where it has them, else CSR slot positions). ``pin_memory``
+    writes each batch's ``n_id`` and blocks into page-locked memory (needs
+    CUDA), so that ``.to("cuda", non_blocking=True)`` is an asynchronous DMA
+    rather than a copy the host waits for.
     """
 
     def __init__(self, graph: CSRGraph, fanouts: Sequence[int], *, seed: int = 0,
-                 return_edge_ids: bool = False):
+                 return_edge_ids: bool = False, pin_memory: bool = False):
         if not isinstance(graph, CSRGraph):
             raise TypeError(f"NeighborSampler: graph must be a CSRGraph, got {type(graph).__name__}")
         if graph.device.type not in ("cpu", "unified"):
             raise ValueError(f"NeighborSampler samples on the CPU: the graph must be on the CPU or in "
                              f"unified memory, it is on {graph.device}")
+        if pin_memory and not torch.cuda.is_available():
+            raise ValueError("NeighborSampler: pin_memory=True needs CUDA (page-locked memory is for a GPU's "
+                             "DMA), and torch.cuda.is_available() is False")
         self.graph = graph
         self.fanouts = _check_fanouts(fanouts)
         self.return_edge_ids = bool(return_edge_ids)
+        self.pin_memory = bool(pin_memory)
         self.reseed(seed)
 
     def reseed(self, seed: int) -> None:
@@ -139,7 +146,7 @@ class NeighborSampler:
         streams = list(range(self._next_stream, self._next_stream + len(batches)))
         self._next_stream += len(batches)
         raw = _C._sample_neighbors(self.graph.rowptr, self.graph.col, batches, self.fanouts,
-                                   self.seed % 2**64, streams, self.return_edge_ids)
+                                   self.seed % 2**64, streams, self.return_edge_ids, self.pin_memory)
         eids = self.graph.edge_ids
         if eids is not None and eids.device.type == "unified":
             eids = _C._as_cpu_alias(eids)

@@ -480,7 +480,8 @@ def _run(args, ctx) -> dict:
         make_sampler = lambda f, s: GPUNeighborSampler(graph, f, seed=s, device=device)  # noqa: E731
     else:
         graph = ds.graph
-        make_sampler = lambda f, s: NeighborSampler(graph, f, seed=s)  # noqa: E731
+        pin = device.type == "cuda"   # the loader's copy of each batch to the GPU is then a DMA
+        make_sampler = lambda f, s: NeighborSampler(graph, f, seed=s, pin_memory=pin)  # noqa: E731
     store = make_feature_store(args.pipeline, ds.x, device, torch.float32,
                                cache_bytes=args.cache_mb << 20,
                                degree=ds.graph.degree() if args.cache_mb else None,
