@@ -5,7 +5,9 @@
 #   bash tools/device_pipeline.sh [products|products-ablation|papers|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
-#   samples on the CPU): the wheels in .whl/ when an earlier run built them
+#   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
+#   only: PyG would send the min/max scatters of CUDA tensors, as in GAT, to a
+#   torch_scatter it can import, and a CPU-only one fails there): the wheels in .whl/ when an earlier run built them
 #   (copy them there from its $OUT/wheels), else built from the sdists in
 #   .whl/sdist, every extension module compiled at once (`build_ext -j`: pip
 #   builds them one after another, which took more than 8 minutes for
@@ -29,7 +31,7 @@ build_pyg_wheels() {
   # installed as they are; only the missing ones are built.
   for pkg in torch_scatter torch_sparse; do
     if ls "$R"/.whl/"$pkg"-*.whl >/dev/null 2>&1; then
-      python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site "$R"/.whl/"$pkg"-*.whl
+      python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site/pyg "$R"/.whl/"$pkg"-*.whl
       echo "$pkg: prebuilt wheel from .whl" >> "$OUT/pyg_wheels.log"; continue
     fi
     sd=$(ls "$R"/.whl/sdist/"$pkg"-*.tar.gz 2>/dev/null | head -1)
@@ -44,14 +46,14 @@ build_pyg_wheels() {
       >> "$OUT/pyg_wheels.log" 2>&1
     echo "$(basename "$sd"): rc=$? $(date +%T)" >> "$OUT/pyg_wheels.log"
     # torch_sparse imports torch_scatter: install each as soon as it exists.
-    ls "$OUT"/wheels/"$pkg"-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site "$OUT"/wheels/"$pkg"-*.whl
+    ls "$OUT"/wheels/"$pkg"-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site/pyg "$OUT"/wheels/"$pkg"-*.whl
   done
 }
 
 bench() {  # name, limit, args...
   local name=$1 limit=$2; shift 2
   local t0; t0=$(date +%s)
-  PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" python3 -m torch_direct.bench train --root "$DATA" \
+  PYTHONPATH=/tmp/site/pyg:/tmp/site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" python3 -m torch_direct.bench train --root "$DATA" \
     --no-progress --out "$OUT/train_$name.json" "$@" > "$OUT/train_$name.log" 2>&1
   echo "$name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
   tail -12 "$OUT/train_$name.log"

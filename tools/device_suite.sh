@@ -5,8 +5,13 @@
 set -u
 OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then   # wheels the machine lacks (no network there)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+# Wheels the machine lacks (no network there), but not the CPU-only torch-scatter
+# and torch-sparse that tools/device_pipeline.sh builds for PyG's NeighborLoader:
+# with torch_scatter importable, PyG sends the min/max scatters of CUDA tensors
+# (GAT's softmax) to it, and a CPU-only build fails there.
+wheels=$(ls .whl/*.whl 2>/dev/null | grep -v -E '/torch_(scatter|sparse)-')
+if [ -n "$wheels" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 t0=$(date +%s)
