@@ -248,15 +248,15 @@ def print_table(record: dict) -> None:
     rows = []
     for r in record["rows"]:
         if r["status"] != "ok":
-            rows.append([r["pipeline"], "-", "-", "-", "-", "-", f"{r['status']}: {r['reason']}"])
+            rows.append([r["pipeline"], "-", "-", "-", "-", "-", "-", f"{r['status']}: {r['reason']}"])
             continue
         vs = 1.0 if r["pipeline"] == "unified" else r["speedup_vs"].get("unified")
         ex = r["exposed_s"]
         rows.append([r["pipeline"], f"{r['epoch_s']:.3f}", _fmt(vs, ".2f", "x"),
                      f"{ex['sample']:.3f}/{ex['gather']:.3f}/{ex['transfer']:.3f}", f"{r['losses'][-1]:.4f}",
-                     f"{r['test_acc']:.4f}", r["note"]])
+                     f"{r['test_acc']:.4f}", f"{r['sampler']} ({r.get('graph') or '-'})", r["note"]])
     print_markdown(["pipeline", "epoch s", "vs unified", "exposed s sample/gather/transfer", "final loss",
-                    "test acc", "note"], rows)
+                    "test acc", "sampler (CSR on)", "note"], rows)
     print("(vs unified: unified's epoch time / the row's, above 1 = faster than unified)")
     for k, (num, den) in RATIOS.items():
         v = record["ratios"].get(k)
