@@ -119,6 +119,15 @@ class TestTrain(TestCase):
             self.assertEqual(code, 2, msg=str(bad))
             self.assertIn(msg, err.getvalue())
 
+    def test_graph_copy_checks_free_gpu_memory_first(self):
+        # The check runs before any CUDA allocation: with too little free memory reported, the
+        # copy is refused with a clear error (on a machine without a GPU too).
+        from unittest import mock
+        need = self.ds.graph.rowptr.nbytes + self.ds.graph.col.nbytes
+        with mock.patch("torch.cuda.mem_get_info", return_value=(need, 10 * need)), \
+                self.assertRaisesRegex(ValueError, "keep it in host memory \\(--graph unified\\)"):
+            train.graph_to_gpu(self.ds.graph, torch.device("cuda", 0))
+
     def small_model(self, layers: int, store_kind: str):
         """A seeded built-in GraphSAGE of ``layers`` layers (eval mode) and a CPU feature store."""
         from torch_direct.pipeline import make_feature_store
