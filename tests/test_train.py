@@ -119,6 +119,21 @@ class TestTrain(TestCase):
             self.assertEqual(code, 2, msg=str(bad))
             self.assertIn(msg, err.getvalue())
 
+    def test_test_nodes_is_a_fixed_subset(self):
+        test = self.ds.split["test"]
+        some = train.test_ids(self.ds, 50, seed=3)
+        self.assertEqual(some.numel(), 50)
+        self.assertTrue(bool(torch.isin(some, test).all()))
+        self.assertEqual(some, train.test_ids(self.ds, 50, seed=3))       # fixed for a seed
+        self.assertNotEqual(some, train.test_ids(self.ds, 50, seed=4))
+        self.assertEqual(train.test_ids(self.ds, 0), test)                 # 0: the whole split
+        self.assertEqual(train.test_ids(self.ds, test.numel() + 5), test)
+        rec, out = self.quiet_run("--epochs", "1", "--device", "cpu", "--test-nodes", "50", "--full-eval")
+        self.assertEqual(rec["test_nodes"], 50)
+        self.assertIn("50 nodes", out)
+        self.assertEqual(rec["test_acc"] * 50, round(rec["test_acc"] * 50))  # a count over 50 nodes
+        self.assertEqual(rec["test_acc_full"] * 50, round(rec["test_acc_full"] * 50))
+
     def test_graph_copy_checks_free_gpu_memory_first(self):
         # The check runs before any CUDA allocation: with too little free memory reported, the
         # copy is refused with a clear error (on a machine without a GPU too).

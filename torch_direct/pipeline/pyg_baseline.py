@@ -126,7 +126,8 @@ def run(args, make_loader=None) -> dict:
     """Train as ``args`` say with PyG's loader; print per-epoch lines; return a record shaped as
     ``train.run``'s. ``make_loader`` replaces :func:`neighbor_loader` (tests)."""
     from ..graph._progress import progress
-    from .train import GNN, _StepTimer, _resolve_device, _sync, full_test_accuracy, have_pyg, load_for_run
+    from .train import (GNN, _StepTimer, _resolve_device, _sync, full_test_accuracy, have_pyg, load_for_run,
+                        test_ids)
 
     make_loader = make_loader or neighbor_loader
     if make_loader is neighbor_loader:
@@ -220,14 +221,15 @@ def run(args, make_loader=None) -> dict:
               f"train-step {train_s:.3f} s  loss {rec['loss']:.4f}  train acc {train_acc:.4f}  "
               f"valid acc {valid_acc:.4f}", flush=True)
 
-    test_loader = make_loader(data, ds.split["test"], eval_fanouts, args.eval_batch_size, shuffle=False,
-                              **loader_kw)
+    test = test_ids(ds, getattr(args, "test_nodes", 0), args.data_seed)
+    record["test_nodes"] = test.numel()
+    test_loader = make_loader(data, test, eval_fanouts, args.eval_batch_size, shuffle=False, **loader_kw)
     record["test_acc"] = evaluate(model, test_loader, device, num_layers, show, "test")
-    line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts})"
+    line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts}, {test.numel()} nodes)"
     if args.full_eval:
         from .features import make_feature_store
         store = make_feature_store("cpu_centric", ds.x, device, torch.float32)
-        record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show)
+        record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show, test=test)
         line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
     print(line, flush=True)
     if record["block_mode"] == "full":

@@ -190,6 +190,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fanouts of sampled inference (default: 20 per layer)")
     p.add_argument("--eval-batch-size", type=_positive(int), default=4096,
                    help="seed nodes per inference batch (default: %(default)s)")
+    p.add_argument("--test-nodes", type=_nonneg_int, default=0,
+                   help="report test accuracy over this many test nodes, a fixed random subset (the same "
+                        "for every pipeline with the same --data-seed); 0 = the whole test split "
+                        "(default: %(default)s)")
     p.add_argument("--full-eval", action="store_true",
                    help="also report test accuracy with full neighbourhoods (layer-wise inference over "
                         "every node: one pass over the graph per layer)")
@@ -371,11 +375,21 @@ def layerwise_inference(model: GNN, graph, store, device, chunk: int = 65536, sh
     return h if targets is None else h[pos[targets]]
 
 
-def full_test_accuracy(model, ds, store, device, show: bool, ctx=None) -> float:
-    """Test accuracy with full neighbourhoods (layer-wise inference for the test nodes); with a
-    distributed context ``ctx``, each rank infers its share of the test nodes and the counts
-    are summed."""
+def test_ids(ds, limit: int = 0, seed: int = 0) -> torch.Tensor:
+    """The test nodes accuracy is reported over: the test split, or ``limit`` of them (when
+    fewer than the split) drawn by a generator seeded with ``seed``, in the split's order."""
     test = ds.split["test"]
+    if limit and limit < test.numel():
+        pick = torch.randperm(test.numel(), generator=torch.Generator().manual_seed(seed))[:limit]
+        test = test[pick.sort().values]
+    return test
+
+
+def full_test_accuracy(model, ds, store, device, show: bool, ctx=None, test=None) -> float:
+    """Test accuracy with full neighbourhoods (layer-wise inference for the test nodes, default
+    the whole test split); with a distributed context ``ctx``, each rank infers its share of
+    the test nodes and the counts are summed."""
+    test = ds.split["test"] if test is None else test
     if ctx is not None:
         test = test[ctx.rank::ctx.world]
     correct = total = 0
@@ -571,11 +585,13 @@ def _run(args, ctx) -> dict:
             say(f"epoch {epoch:3d}  total {total:7.3f} s  exposed: {stages}  train-step {train_s:.3f} s  "
                   f"loss {rec['loss']:.4f}  train acc {train_acc:.4f}  valid acc {valid_acc:.4f}", flush=True)
 
-    with eval_loader(ds.split["test"], eval_fanouts, args.seed + 2) as test_loader:
+    test = test_ids(ds, getattr(args, "test_nodes", 0), args.data_seed)
+    record["test_nodes"] = test.numel()
+    with eval_loader(test, eval_fanouts, args.seed + 2) as test_loader:
         record["test_acc"] = evaluate(model, test_loader, device, show, "test", ctx)
-    line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts})"
+    line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts}, {test.numel()} nodes)"
     if args.full_eval:
-        record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show, ctx)
+        record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show, ctx, test)
         line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
     record["feature_store"] = store.stats()
     say(line, flush=True)
