@@ -22,7 +22,7 @@ except ImportError:
 
 
 def _loader_threads():
-    return [t for t in threading.enumerate() if t.name == "torch_direct-loader"]
+    return [t for t in threading.enumerate() if t.name in ("torch_direct-loader", "torch_direct-sampler")]
 
 
 class _Data:
@@ -178,8 +178,9 @@ class TestPipelinedLoader(TestCase):
         return PipelinedLoader(sampler or self.sampler, self.store, self.ids, 128, **kw)
 
     def test_batches_are_complete_and_correct(self):
-        for prefetch in (0, 1, 3):
-            with self.loader(prefetch=prefetch) as loader:
+        for prefetch, ahead, merge in ((0, False, 1), (1, False, 1), (3, False, 1), (1, True, 1), (3, True, 1),
+                                       (2, True, 3)):
+            with self.loader(prefetch=prefetch, sample_ahead=ahead, merge_gathers=merge) as loader:
                 seen = []
                 for b in loader:
                     self.assertEqual(b.x, self.ds.x[b.n_id])
@@ -195,14 +196,17 @@ class TestPipelinedLoader(TestCase):
                 self.assertLessEqual(sum(st["exposed"].values()), st["wait"] + 1e-9)
 
     def test_same_batches_with_and_without_prefetch(self):
-        def epoch(prefetch):
+        def epoch(prefetch, ahead=False):
             sampler = NeighborSampler(self.ds.graph, [5, 3], seed=3)
-            with self.loader(sampler, prefetch=prefetch, generator=torch.Generator().manual_seed(1)) as ld:
+            with self.loader(sampler, prefetch=prefetch, generator=torch.Generator().manual_seed(1),
+                             sample_ahead=ahead) as ld:
                 return [b.n_id for b in ld]
-        a, b = epoch(0), epoch(2)
+        a, b, c = epoch(0), epoch(2), epoch(2, ahead=True)
         self.assertEqual(len(a), len(b))
-        for u, v in zip(a, b):
+        self.assertEqual(len(a), len(c))
+        for u, v, w in zip(a, b, c):
             self.assertEqual(u, v)
+            self.assertEqual(u, w)
 
     def test_stopping_an_epoch_early_leaves_no_thread(self):
         loader = self.loader(prefetch=2)
@@ -224,20 +228,38 @@ class TestPipelinedLoader(TestCase):
         self.assertEqual(_loader_threads(), [])
 
     def test_dropping_the_loader_stops_its_thread(self):
-        loader = self.loader(prefetch=2)
-        it = iter(loader)
-        next(it)
-        del it, loader
-        gc.collect()
-        deadline = time.monotonic() + 5
-        while _loader_threads() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        for ahead in (False, True):
+            loader = self.loader(prefetch=2, sample_ahead=ahead)
+            it = iter(loader)
+            next(it)
+            del it, loader
+            gc.collect()
+            deadline = time.monotonic() + 5
+            while _loader_threads() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.assertEqual(_loader_threads(), [], msg=f"sample_ahead={ahead}")
+
+    def test_sample_ahead_thread_stops_with_the_epoch(self):
+        loader = self.loader(prefetch=2, sample_ahead=True)
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break
+        self.assertEqual(sorted(t.name for t in _loader_threads()),
+                         ["torch_direct-loader", "torch_direct-sampler"])
+        loader.close()
         self.assertEqual(_loader_threads(), [])
+        # Sampling is timed in its own thread, gathering in the producer.
+        with self.loader(prefetch=2, sample_ahead=True) as ld:
+            n = sum(1 for _ in ld)
+            st = ld.stats()
+        self.assertEqual(st["batches"], n)
+        self.assertGreater(st["busy"]["sample"], 0)
+        self.assertGreater(st["busy"]["gather"], 0)
 
     def test_worker_error_surfaces_in_the_loop(self):
-        for prefetch in (0, 2):
+        for prefetch, ahead in ((0, False), (2, False), (2, True)):
             sampler = _ListSampler(self.sampler, fail_at=3)
-            with self.loader(sampler, prefetch=prefetch) as loader:
+            with self.loader(sampler, prefetch=prefetch, sample_ahead=ahead) as loader:
                 got = 0
                 with self.assertRaisesRegex(KeyError, "on purpose"):
                     for _ in loader:
@@ -267,6 +289,8 @@ class TestPipelinedLoader(TestCase):
             PipelinedLoader(self.sampler, self.store, self.ids, 0)
         with self.assertRaisesRegex(ValueError, "prefetch"):
             PipelinedLoader(self.sampler, self.store, self.ids, 8, prefetch=-1)
+        with self.assertRaisesRegex(ValueError, "sample_ahead needs prefetch > 0"):
+            PipelinedLoader(self.sampler, self.store, self.ids, 8, prefetch=0, sample_ahead=True)
         with self.assertRaisesRegex(TypeError, "FeatureStore"):
             PipelinedLoader(self.sampler, self.ds.x, self.ids, 8)
         with self.assertRaisesRegex(TypeError, "sample"):
@@ -279,16 +303,20 @@ class TestPipelinedLoader(TestCase):
         from torch_direct.graph import GPUNeighborSampler
         for kind in KINDS:
             store = make_feature_store(kind, self.ds.x, "cuda")
-            gs = GPUNeighborSampler(self.ds.graph.to("unified"), [5, 3])
-            with PipelinedLoader(gs, store, self.ids, 128, labels=self.ds.y.cuda(), prefetch=2) as loader:
-                self.assertIsNotNone(loader.stream)
-                n = 0
-                for b in loader:
-                    self.assertEqual(b.x.device.type, "cuda")
-                    self.assertEqual(b.x.cpu(), self.ds.x[b.n_id.cpu()])
-                    n += 1
-                self.assertEqual(n, len(loader))
-                self.assertGreater(loader.stats()["busy"]["gather"], 0)
+            for ahead in (False, True):   # sampling on the producer's stream, or on a stream of its own
+                gs = GPUNeighborSampler(self.ds.graph.to("unified"), [5, 3])
+                with PipelinedLoader(gs, store, self.ids, 128, labels=self.ds.y.cuda(), prefetch=2,
+                                     sample_ahead=ahead) as loader:
+                    self.assertIsNotNone(loader.stream)
+                    n = 0
+                    for b in loader:
+                        self.assertEqual(b.x.device.type, "cuda")
+                        self.assertEqual(b.x.cpu(), self.ds.x[b.n_id.cpu()])
+                        self.assertEqual(b.y.cpu(), self.ds.y[b.n_id[:b.batch_size].cpu()])
+                        n += 1
+                    self.assertEqual(n, len(loader))
+                    self.assertGreater(loader.stats()["busy"]["gather"], 0)
+                    self.assertGreater(loader.stats()["busy"]["sample"], 0)
 
 
 if __name__ == "__main__":

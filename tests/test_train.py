@@ -45,7 +45,8 @@ class TestTrain(TestCase):
 
     def tearDown(self):
         torch.set_num_threads(self.threads)
-        self.assertEqual([t for t in threading.enumerate() if t.name == "torch_direct-loader"], [])
+        self.assertEqual([t for t in threading.enumerate()
+                          if t.name in ("torch_direct-loader", "torch_direct-sampler")], [])
 
     def args(self, *extra):
         from argparse import ArgumentParser
@@ -78,6 +79,12 @@ class TestTrain(TestCase):
             rec, _ = self.quiet_run("--epochs", "1", "--pipeline", kind, "--device", "cpu")
             accs[kind] = (rec["epochs"][0]["loss"], rec["test_acc"])
         self.assertEqual(len(set(accs.values())), 1, msg=str(accs))
+
+    def test_sample_ahead_trains_the_same(self):
+        # Sampling in its own thread changes when batches are made, not what they are.
+        recs = [self.quiet_run("--epochs", "1", "--device", "cpu", *extra)[0] for extra in ([], ["--sample-ahead"])]
+        self.assertEqual(recs[0]["epochs"][0]["loss"], recs[1]["epochs"][0]["loss"])
+        self.assertEqual(recs[0]["test_acc"], recs[1]["test_acc"])
 
     def test_json_record(self):
         path = os.path.join(self.root, "out", "run.json")
@@ -112,6 +119,7 @@ class TestTrain(TestCase):
                          (["--device", "tpu"], "not a device"),
                          (["--cache-mb", "8", "--pipeline", "cpu_centric"], "unified only"),
                          (["--graph", "gpu", "--device", "cpu"], "--graph gpu needs a CUDA device"),
+                         (["--sample-ahead", "--prefetch", "0"], "--sample-ahead needs --prefetch > 0"),
                          (["--graph", "gpu", "--sampler", "cpu", "--device", "cpu"], "needs a CUDA device")):
             err = io.StringIO()
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

@@ -84,12 +84,15 @@ case "$what" in
     bench products-like 400 --dataset products-like --epochs 2 --pipelines unified,cpu_centric,gpu_resident,pyg \
       --pyg-workers 16 --test-nodes 100000
     bench products-like_graph-gpu 90 --dataset products-like --epochs 2 --pipelines unified,gpu_resident --graph gpu \
+      --test-nodes 100000
+    bench products-like_sample-ahead 60 --dataset products-like --epochs 2 --pipelines unified --sample-ahead \
       --test-nodes 100000 ;;
   products-ablation)
     ablation products-like 300 --epochs 2 --cache-mb 256 ;;
   papers)
     papers_data
     bench papers100M-like 150 --dataset papers100M-like --epochs 2 --pipelines unified
-    bench papers100M-like_graph-gpu 150 --dataset papers100M-like --epochs 2 --pipelines unified --graph gpu ;;
+    bench papers100M-like_graph-gpu 150 --dataset papers100M-like --epochs 2 --pipelines unified --graph gpu
+    bench papers100M-like_sample-ahead 150 --dataset papers100M-like --epochs 2 --pipelines unified --sample-ahead ;;
   *) echo "device_pipeline: unknown step $what (products, products-ablation, papers, pyg-wheels, all)" >&2; exit 2 ;;
 esac

@@ -100,19 +100,20 @@ class _Timer:
         return dict(self.seconds)
 
 
+def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
+    """Put ``item`` unless ``stop`` is set first; whether it went in."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 def _produce(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: threading.Event) -> None:
     """The producer thread's body. It holds no reference to the epoch or the loader, so
     dropping those (without close()) still stops it: a finalizer sets ``stop``."""
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
     try:
         if stages.cuda:
             torch.cuda.set_device(stages.device)
@@ -120,11 +121,60 @@ def _produce(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: threadi
             item = next(it, None)
             if item is None:
                 break
-            if not put(item):
+            if not _put(q, item, stop):
                 return
-        put(_END)
+        _put(q, _END, stop)
     except BaseException as e:  # noqa: BLE001 - handed to the training loop
-        put(_Failure(e))
+        _put(q, _Failure(e), stop)
+
+
+def _sample_ahead(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: threading.Event) -> None:
+    """The sampling thread's body (``sample_ahead``): the epoch's sampled batches, each with an
+    event recorded on the sampling stream after its work, into ``q``."""
+    try:
+        stream = stages.sample_stream
+        if stages.cuda:
+            torch.cuda.set_device(stages.device)
+        ctx = torch.cuda.stream(stream) if stages.cuda else nullcontext()
+        with ctx:
+            while not stop.is_set():
+                t = timer.start(stream)
+                sb = next(it, None)
+                if sb is None:
+                    break
+                timer.stop("sample", t, stream)
+                event = None
+                if stages.cuda:
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                if not _put(q, (sb, event), stop):
+                    return
+        _put(q, _END, stop)
+    except BaseException as e:  # noqa: BLE001 - handed to the producer, then the training loop
+        _put(q, _Failure(e), stop)
+
+
+def _sampled_from(q: queue.Queue, stages: "_Stages", stop: threading.Event):
+    """The sampled batches the sampling thread queued, in order, each made safe to use on the
+    producer's stream (which waits for the batch's event; its tensors record that stream)."""
+    while True:
+        try:
+            item = q.get(timeout=0.05)
+        except queue.Empty:
+            if stop.is_set():
+                return
+            continue
+        if item is _END:
+            return
+        if isinstance(item, _Failure):
+            raise item.exc
+        sb, event = item
+        if event is not None:
+            stages.stream.wait_event(event)
+            for t in _sampled_tensors(sb):
+                if t.is_cuda:                         # the GPU sampler's; a CPU sampler's are host tensors
+                    t.record_stream(stages.stream)
+        yield sb
 
 
 class _Epoch:
@@ -137,14 +187,25 @@ class _Epoch:
         self.batches = 0
         self.done = False
         self.num_batches = len(seeds)
-        self._it = stages.batch_iter(stages.sample_iter(seeds), self.timer)
         self.stop = threading.Event()
-        self.thread = None
+        self.thread = self.sampler_thread = None
+        sampled = stages.sample_iter(seeds)
+        if prefetch > 0 and stages.sample_stream is not False:
+            # Sampling runs ahead in a thread of its own: a batch's gather overlaps the next one's
+            # sampling instead of following it.
+            self.sq: queue.Queue = queue.Queue(maxsize=prefetch)
+            self.sampler_thread = threading.Thread(target=_sample_ahead, name="torch_direct-sampler",
+                                                   daemon=True,
+                                                   args=(stages, sampled, self.timer, self.sq, self.stop))
+            sampled = _sampled_from(self.sq, stages, self.stop)
+        self._it = stages.batch_iter(sampled, self.timer, sample_timed=self.sampler_thread is None)
         if prefetch > 0:
             self.q: queue.Queue = queue.Queue(maxsize=prefetch)
             self.thread = threading.Thread(target=_produce, name="torch_direct-loader", daemon=True,
                                            args=(stages, self._it, self.timer, self.q, self.stop))
             weakref.finalize(self, self.stop.set)
+            if self.sampler_thread is not None:
+                self.sampler_thread.start()
             self.thread.start()
 
     def __iter__(self):
@@ -189,22 +250,33 @@ class _Epoch:
         return batch
 
     def close(self) -> None:
-        """Stop the producer and join its thread (idempotent)."""
+        """Stop the producer (and the sampling thread) and join them (idempotent)."""
         self.done = True
         self.stop.set()
-        if self.thread is not None:
-            while self.thread.is_alive():
-                try:                                  # free queued batches (and pinned memory)
-                    while True:
-                        self.q.get_nowait()
-                except queue.Empty:
-                    pass
-                self.thread.join(timeout=0.05)
-            while True:
-                try:
-                    self.q.get_nowait()
-                except queue.Empty:
-                    break
+        for thread, q in ((self.thread, getattr(self, "q", None)),
+                          (self.sampler_thread, getattr(self, "sq", None))):
+            if thread is None:
+                continue
+            while thread.is_alive():
+                _drain(q)                             # free queued batches (and pinned memory)
+                thread.join(timeout=0.05)
+            _drain(q)
+
+
+def _drain(q: queue.Queue) -> None:
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return
+
+
+def _sampled_tensors(sb):
+    yield sb.n_id
+    for h in sb.hops:
+        yield h.edge_index
+        if h.e_id is not None:
+            yield h.e_id
 
 
 def _tensors(b: Batch):
@@ -222,11 +294,13 @@ class _Stages:
     """What the producer needs to make a batch: sampler, store, labels, device, side stream,
     and how many batches share one merged feature gather (``merge``; 1 = none)."""
 
-    def __init__(self, sampler, features, labels, device, stream, merge: int = 1):
+    def __init__(self, sampler, features, labels, device, stream, merge: int = 1, sample_stream=False):
         self.sampler, self.features, self.labels = sampler, features, labels
         self.device, self.stream = device, stream
         self.cuda = device.type == "cuda"
         self.merge = merge
+        # False: no sampling thread; else the stream it samples on (None on the CPU).
+        self.sample_stream = sample_stream
 
     def sample_iter(self, seeds):
         many = getattr(self.sampler, "sample_batches", None)
@@ -235,21 +309,22 @@ class _Stages:
             chunk = seeds[first:first + group]
             yield from (many(chunk) if many is not None else [self.sampler.sample(s) for s in chunk])
 
-    def batch_iter(self, it, timer: _Timer):
-        """The epoch's ``(Batch, event)`` items, made from the sampled batches of ``it``."""
+    def batch_iter(self, it, timer: _Timer, sample_timed: bool = True):
+        """The epoch's ``(Batch, event)`` items, made from the sampled batches of ``it``
+        (``sample_timed``: drawing from ``it`` is the sampling itself, timed here)."""
         while True:
             if self.merge <= 1:
-                item = self.make_batch(it, timer)
+                item = self.make_batch(it, timer, sample_timed)
                 if item is None:
                     return
                 yield item
                 continue
-            items = self.make_window(it, timer)
+            items = self.make_window(it, timer, sample_timed)
             if not items:
                 return
             yield from items
 
-    def make_window(self, it, timer: _Timer) -> list:
+    def make_window(self, it, timer: _Timer, sample_timed: bool = True) -> list:
         """Sample up to ``merge`` batches, gather the union of their nodes in one ordered
         gather (each row read once), and let every batch take its rows by position."""
         stream = self.stream
@@ -264,7 +339,8 @@ class _Stages:
                 sbs.append(sb)
             if not sbs:
                 return []
-            timer.stop("sample", t, stream)
+            if sample_timed:
+                timer.stop("sample", t, stream)
             t = timer.start(stream)
             union, pos = torch.unique(torch.cat([sb.n_id for sb in sbs]), sorted=True, return_inverse=True)
             rows = self.features.gather(union, self.device, stream=stream)
@@ -278,7 +354,7 @@ class _Stages:
             timer.stop("gather", t, stream)
         return [self.finish_batch(sb, x, timer) for sb, x in zip(sbs, xs)]
 
-    def make_batch(self, it, timer: _Timer):
+    def make_batch(self, it, timer: _Timer, sample_timed: bool = True):
         """Sample, gather and transfer the next batch; None at the end of the epoch."""
         stream = self.stream
         ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
@@ -287,7 +363,8 @@ class _Stages:
             sb = next(it, None)
             if sb is None:
                 return None
-            timer.stop("sample", t, stream)
+            if sample_timed:
+                timer.stop("sample", t, stream)
             t = timer.start(stream)
             x = self.features.gather(sb.n_id, self.device, stream=stream)
             timer.stop("gather", t, stream)
@@ -328,14 +405,16 @@ class PipelinedLoader:
     batch. Every batch's ``x`` equals ``x[n_id]`` either way. ``shuffle``/``generator``/``drop_last``
     as in a DataLoader. ``shard=(rank, world)``: this process's share of the seeds (of the same
     shuffled order on every rank; cut to the same length on every rank when shuffling, so that
-    all take the same number of steps). Iterating starts an epoch; see the module docstring
-    for streams, timing, errors and shutdown.
+    all take the same number of steps). ``sample_ahead``: sample in a thread (and CUDA stream) of
+    its own, up to ``prefetch`` batches ahead of the gathering thread, so that one batch's
+    gather overlaps the next one's sampling; the batches are the same. Iterating starts an
+    epoch; see the module docstring for streams, timing, errors and shutdown.
     """
 
     def __init__(self, sampler, features: FeatureStore, node_ids, batch_size: int, *, labels=None,
                  device=None, prefetch: int = 2, shuffle: bool = True, drop_last: bool = False,
                  generator: torch.Generator | None = None, merge_gathers: int = 1,
-                 shard: tuple[int, int] | None = None):
+                 shard: tuple[int, int] | None = None, sample_ahead: bool = False):
         if not isinstance(features, FeatureStore):
             raise TypeError(f"PipelinedLoader: features must be a FeatureStore, got {type(features).__name__}")
         if not hasattr(sampler, "sample"):
@@ -365,8 +444,14 @@ class PipelinedLoader:
         self.device = features.device if device is None else _check_device(device)
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        if sample_ahead and prefetch == 0:
+            raise ValueError("PipelinedLoader: sample_ahead needs prefetch > 0 (it is a thread of its own)")
+        self.sample_ahead = bool(sample_ahead)
+        sample_stream = False
+        if self.sample_ahead:
+            sample_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._stages = _Stages(sampler, features, self.labels, self.device, self.stream,
-                              merge_gathers)
+                              merge_gathers, sample_stream)
         self._epoch: _Epoch | None = None
         self._last: dict | None = None
 

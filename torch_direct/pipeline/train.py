@@ -215,6 +215,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "feature rows (default: %(default)s)")
     p.add_argument("--prefetch", type=_nonneg_int, default=2,
                    help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
+    p.add_argument("--sample-ahead", action="store_true",
+                   help="sample in a thread (and CUDA stream) of its own, up to --prefetch batches ahead of "
+                        "the feature gather, so that one batch's gather overlaps the next one's sampling "
+                        "(the batches are the same); needs --prefetch > 0")
     p.add_argument("--reorder", choices=("degree", "frequency", "none"), default="none",
                    help="locality lever: relabel the nodes once before training, hot nodes first "
                         "(degree = most neighbours, frequency = most often a neighbour), so the rows a "
@@ -451,6 +455,8 @@ def _run(args, ctx) -> dict:
                          f"one per layer in both")
     if not 0.0 <= args.dropout < 1.0:
         raise ValueError(f"--dropout must be in [0, 1), got {args.dropout}")
+    if getattr(args, "sample_ahead", False) and args.prefetch == 0:
+        raise ValueError("--sample-ahead needs --prefetch > 0 (the sampling thread runs ahead of the loader's)")
     if args.cache_mb and args.pipeline != "unified":
         raise ValueError("--cache-mb applies to --pipeline unified only")
     if args.cache_mb and device.type != "cuda":
@@ -507,10 +513,12 @@ def _run(args, ctx) -> dict:
     sample_seed = args.seed if ctx is None else args.seed + 7919 * ctx.rank
     train_loader = PipelinedLoader(make_sampler(args.fanouts, sample_seed), store, ds.split["train"],
                                    args.batch_size, labels=labels, device=device, prefetch=args.prefetch,
-                                   generator=gen, merge_gathers=merge, shard=shard)
+                                   generator=gen, merge_gathers=merge, shard=shard,
+                                   sample_ahead=getattr(args, "sample_ahead", False))
     eval_loader = lambda ids, f, seed: PipelinedLoader(  # noqa: E731
         make_sampler(f, seed), store, ids, args.eval_batch_size, labels=labels, device=device,
-        prefetch=args.prefetch, shuffle=False, merge_gathers=merge, shard=shard)
+        prefetch=args.prefetch, shuffle=False, merge_gathers=merge, shard=shard,
+        sample_ahead=getattr(args, "sample_ahead", False))
     use_pyg = {"auto": None, "pyg": True, "builtin": False}[args.layers]
     if use_pyg and not have_pyg():
         raise ValueError("--layers pyg: torch_geometric is not installed (pip install torch_geometric)")
