@@ -171,6 +171,10 @@ class TestScalingBench(TestCase):
             self.assertEqual({t["name"].split(" at ")[0] for t in rec["targets"]}, {"epoch", "host memory"})
             self.assertTrue(open(svg).read().startswith("<svg"))
             self.assertIn("| 2 |", out.getvalue())
+            # The breakdown that explains each epoch: training step and the loader's exposed stages.
+            self.assertIn("| train step s | exposed s sample/gather/transfer |", out.getvalue())
+            r2 = rec["rows"][1]
+            self.assertIn(f"| {r2['train_step_s']:.3f} | {r2['exposed_s']['sample']:.3f}/", out.getvalue())
 
     def test_bad_counts(self):
         for bad in ("0", "1,1", "x", ""):
