@@ -391,12 +391,15 @@ class BlockSamplerChecks:
     def test_bad_input(self):
         graph = random_graph()
         sampler = self.sampler(graph, [2])
-        with self.assertRaisesRegex(IndexError, "out of range"):
+        with self.assertRaisesRegex(IndexError, f"seed node {graph.num_nodes} is out of range.*{graph.num_nodes} nodes"):
             sampler.sample([0, graph.num_nodes])
+        with self.assertRaisesRegex(IndexError, "seed node -1 is out of range"):
+            sampler.sample([-1, 5, graph.num_nodes])   # the low end is named first
         with self.assertRaisesRegex(ValueError, "appears twice"):
             sampler.sample([3, 4, 3])
         with self.assertRaisesRegex(TypeError, "1-D int32/int64"):
             sampler.sample(torch.tensor([[1]]))
+        self.assertEqual(sampler.sample([4]).n_id[0].item(), 4)   # and still works
         with self.assertRaisesRegex(ValueError, "CUDA device"):
             GPUNeighborSampler(graph, [2], device="meta")
 
