@@ -86,6 +86,23 @@ class TestTrain(TestCase):
         self.assertEqual(recs[0]["epochs"][0]["loss"], recs[1]["epochs"][0]["loss"])
         self.assertEqual(recs[0]["test_acc"], recs[1]["test_acc"])
 
+    def test_profile_writes_the_top_operators(self):
+        n_train = self.ds.split["train"].numel()
+        bs = max(1, n_train // 40)                      # about 40 steps: steps 10-29 are profiled
+        path = os.path.join(self.root, "prof", "steps.txt")
+        rec, out = self.quiet_run("--epochs", "2", "--device", "cpu", "--batch-size", str(bs), "--profile", path)
+        text = open(path).read()
+        self.assertTrue(text.startswith("20 training steps (from step 10 of epoch 1), sorted by self_cpu_time_total"))
+        self.assertIn("aten::", text)
+        self.assertIn(f"wrote {path} (20 profiled steps of epoch 1)", out)
+        self.assertEqual(len(rec["epochs"]), 2)
+        trace = os.path.join(self.root, "prof", "steps.json")
+        self.quiet_run("--epochs", "1", "--device", "cpu", "--batch-size", str(bs), "--profile", trace)
+        self.assertIn("traceEvents", open(trace).read())
+        short = os.path.join(self.root, "prof", "short.txt")   # too few steps to reach step 10
+        self.quiet_run("--epochs", "1", "--device", "cpu", "--profile", short)
+        self.assertIn("no step profiled", open(short).read())
+
     def test_json_record(self):
         path = os.path.join(self.root, "out", "run.json")
         svg = os.path.join(self.root, "out", "run.svg")

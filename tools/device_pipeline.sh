@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
 # extension: the end-to-end pipeline figures of issue 5, in one call.
 #
-#   bash tools/device_pipeline.sh [products|products-ablation|papers|pyg-wheels|all]   (default: all = products)
+#   bash tools/device_pipeline.sh [products|products-ablation|papers|profile|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -17,7 +17,8 @@
 #   gpu_resident with `--graph gpu`.
 # - products-ablation: `bench train-ablation` on products-like (every lever).
 # - papers: papers100M-like generated (timed), then `bench train` unified with
-#   the CSR in host memory and with `--graph gpu`.
+#   the CSR in host memory, with `--graph gpu` and with `--sample-ahead`.
+# - profile: `train --profile` on both (the top operators of 20 training steps).
 # Everything is logged under $OUT; each step has its own time limit.
 set -u
 OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT/wheels"
@@ -87,6 +88,12 @@ case "$what" in
       --test-nodes 100000
     bench products-like_sample-ahead 60 --dataset products-like --epochs 2 --pipelines unified --sample-ahead \
       --test-nodes 100000 ;;
+  profile)  # what a training step spends its time on (products-like and papers100M-like, unified)
+    for ds in products-like papers100M-like; do
+      timeout 150 python3 -m torch_direct train --root "$DATA" --dataset "$ds" --epochs 1 --no-progress \
+        --test-nodes 1000 --profile "$OUT/profile_$ds.txt" > "$OUT/profile_$ds.log" 2>&1
+      echo "profile $ds: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; head -30 "$OUT/profile_$ds.txt"
+    done ;;
   products-ablation)
     ablation products-like 300 --epochs 2 --cache-mb 256 ;;
   papers)
@@ -94,5 +101,5 @@ case "$what" in
     bench papers100M-like 150 --dataset papers100M-like --epochs 2 --pipelines unified
     bench papers100M-like_graph-gpu 150 --dataset papers100M-like --epochs 2 --pipelines unified --graph gpu
     bench papers100M-like_sample-ahead 150 --dataset papers100M-like --epochs 2 --pipelines unified --sample-ahead ;;
-  *) echo "device_pipeline: unknown step $what (products, products-ablation, papers, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-ablation, papers, profile, pyg-wheels, all)" >&2; exit 2 ;;
 esac

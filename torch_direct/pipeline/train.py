@@ -236,6 +236,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive(int), default=None,
                    help="CPU threads of torch ops and the CPU sampler (default: torch's, usually one per core)")
     p.add_argument("--json", metavar="PATH", default=None, help="write a JSON record of the run to PATH")
+    p.add_argument("--profile", metavar="PATH", default=None,
+                   help="profile training steps 10-29 of the first epoch (a warm-up epoch, left out of the "
+                        "benchmarks' medians) with torch.profiler and write the top operators by device "
+                        "time to PATH (.txt), or a Chrome trace (.json)")
     p.add_argument("--plot", metavar="PATH", default=None,
                    help="write an SVG of the run to PATH: per-epoch time by stage, accuracy curves")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -280,6 +284,51 @@ class _StepTimer:
             self.seconds += a.elapsed_time(b) / 1e3
         self.pairs.clear()
         return self.seconds
+
+
+class _StepProfiler:
+    """torch.profiler over training steps [first, first + count) of an epoch; ``finish`` writes
+    the top operators (a .txt table) or a Chrome trace (.json) to ``path``."""
+
+    def __init__(self, path, device, first: int = 10, count: int = 20):
+        self.path, self.first, self.count = Path(path), first, count
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        self.cuda = device.type == "cuda"
+        self.prof = torch.profiler.profile(activities=acts)
+        self.steps = 0
+        self.running = False
+
+    def step(self, i: int) -> None:
+        if i == self.first:
+            self.prof.start()
+            self.running = True
+        elif self.running and i == self.first + self.count:
+            self._stop()
+        if self.running:
+            self.steps += 1
+
+    def _stop(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.prof.stop()
+        self.running = False
+
+    def finish(self) -> Path:
+        if self.running:              # an epoch shorter than first + count steps
+            self._stop()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.steps == 0:
+            self.path.write_text(f"no step profiled: the epoch has {self.first} steps or fewer\n")
+        elif self.path.suffix == ".json":
+            self.prof.export_chrome_trace(str(self.path))
+        else:
+            key = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
+            table = self.prof.key_averages().table(sort_by=key, row_limit=40)
+            self.path.write_text(f"{self.steps} training steps (from step {self.first} of epoch 1), "
+                                 f"sorted by {key}\n{table}\n")
+        return self.path
 
 
 def graph_to_gpu(graph, device):
@@ -553,8 +602,12 @@ def _run(args, ctx) -> dict:
             loss_sum = torch.zeros((), device=device)
             _sync(device)
             t0 = time.perf_counter()
+            prof = (_StepProfiler(args.profile, device)
+                    if epoch == 1 and main and getattr(args, "profile", None) else None)
             with progress(len(train_loader), f"epoch {epoch}", show) as bar:
-                for b in train_loader:
+                for i, b in enumerate(train_loader):
+                    if prof is not None:
+                        prof.step(i)
                     t = steps.start()
                     opt.zero_grad(set_to_none=True)
                     out = step_model(b.x, b.adjs)
@@ -570,6 +623,8 @@ def _run(args, ctx) -> dict:
                     bar.update(1)
             _sync(device)
             total = time.perf_counter() - t0
+            if prof is not None:
+                say(f"wrote {prof.finish()} ({prof.steps} profiled steps of epoch 1)", flush=True)
             st = train_loader.stats()
             train_s = steps.total()
             loss_total, correct, seen = float(loss_sum), float(correct), float(seen)
