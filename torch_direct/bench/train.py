@@ -137,7 +137,7 @@ def _run_one(name: str, args, device) -> dict:
     if args.cache_mb and name != "unified":
         a.cache_mb = 0
         notes.append(f"no cache: --cache-mb applies to unified, not {name}")
-    if getattr(args, "graph", "unified") == "gpu" and name in ("cpu_centric", "pyg"):
+    if args.graph == "gpu" and name in ("cpu_centric", "pyg"):
         a.graph = "unified"   # both sample on the CPU, from the CSR in host memory, by definition
         notes.append(f"CSR in host memory: {name} samples on the CPU")
     if name == "pyg" and args.merge_gathers != 1:

@@ -221,7 +221,7 @@ def run(args, make_loader=None) -> dict:
               f"train-step {train_s:.3f} s  loss {rec['loss']:.4f}  train acc {train_acc:.4f}  "
               f"valid acc {valid_acc:.4f}", flush=True)
 
-    test = test_ids(ds, getattr(args, "test_nodes", 0), args.data_seed)
+    test = test_ids(ds, args.test_nodes, args.data_seed)
     record["test_nodes"] = test.numel()
     test_loader = make_loader(data, test, eval_fanouts, args.eval_batch_size, shuffle=False, **loader_kw)
     record["test_acc"] = evaluate(model, test_loader, device, num_layers, show, "test")

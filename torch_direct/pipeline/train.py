@@ -504,14 +504,15 @@ def _run(args, ctx) -> dict:
                          f"one per layer in both")
     if not 0.0 <= args.dropout < 1.0:
         raise ValueError(f"--dropout must be in [0, 1), got {args.dropout}")
-    if getattr(args, "sample_ahead", False) and args.prefetch == 0:
+    graph_on_gpu = args.graph == "gpu"
+    if args.sample_ahead and args.prefetch == 0:
         raise ValueError("--sample-ahead needs --prefetch > 0 (the sampling thread runs ahead of the loader's)")
     if args.cache_mb and args.pipeline != "unified":
         raise ValueError("--cache-mb applies to --pipeline unified only")
     if args.cache_mb and device.type != "cuda":
         say("train: --cache-mb has no effect without a GPU (there is no GPU memory to cache in)",
             file=sys.stderr)
-    if getattr(args, "graph", "unified") == "gpu":
+    if graph_on_gpu:
         if device.type != "cuda":
             raise ValueError("--graph gpu needs a CUDA device")
         if args.sampler == "cpu":
@@ -534,7 +535,6 @@ def _run(args, ctx) -> dict:
         reorder_s = ctx.all_max([loaded.get("reorder_s", 0.0)])[0]
         loaded.clear()  # local rank 0 drops its private copy: the shared one is all that is left
     merge = args.merge_gathers or max(2, args.prefetch)
-    graph_on_gpu = getattr(args, "graph", "unified") == "gpu"
     use_gpu_sampler = args.sampler == "gpu" or (
         args.sampler == "auto" and device.type == "cuda" and (args.pipeline != "cpu_centric" or graph_on_gpu))
     if use_gpu_sampler and device.type != "cuda":
@@ -563,11 +563,11 @@ def _run(args, ctx) -> dict:
     train_loader = PipelinedLoader(make_sampler(args.fanouts, sample_seed), store, ds.split["train"],
                                    args.batch_size, labels=labels, device=device, prefetch=args.prefetch,
                                    generator=gen, merge_gathers=merge, shard=shard,
-                                   sample_ahead=getattr(args, "sample_ahead", False))
+                                   sample_ahead=args.sample_ahead)
     eval_loader = lambda ids, f, seed: PipelinedLoader(  # noqa: E731
         make_sampler(f, seed), store, ids, args.eval_batch_size, labels=labels, device=device,
         prefetch=args.prefetch, shuffle=False, merge_gathers=merge, shard=shard,
-        sample_ahead=getattr(args, "sample_ahead", False))
+        sample_ahead=args.sample_ahead)
     use_pyg = {"auto": None, "pyg": True, "builtin": False}[args.layers]
     if use_pyg and not have_pyg():
         raise ValueError("--layers pyg: torch_geometric is not installed (pip install torch_geometric)")
@@ -603,7 +603,7 @@ def _run(args, ctx) -> dict:
             _sync(device)
             t0 = time.perf_counter()
             prof = (_StepProfiler(args.profile, device)
-                    if epoch == 1 and main and getattr(args, "profile", None) else None)
+                    if epoch == 1 and main and args.profile else None)
             with progress(len(train_loader), f"epoch {epoch}", show) as bar:
                 for i, b in enumerate(train_loader):
                     if prof is not None:
@@ -648,7 +648,7 @@ def _run(args, ctx) -> dict:
             say(f"epoch {epoch:3d}  total {total:7.3f} s  exposed: {stages}  train-step {train_s:.3f} s  "
                   f"loss {rec['loss']:.4f}  train acc {train_acc:.4f}  valid acc {valid_acc:.4f}", flush=True)
 
-    test = test_ids(ds, getattr(args, "test_nodes", 0), args.data_seed)
+    test = test_ids(ds, args.test_nodes, args.data_seed)
     record["test_nodes"] = test.numel()
     with eval_loader(test, eval_fanouts, args.seed + 2) as test_loader:
         record["test_acc"] = evaluate(model, test_loader, device, show, "test", ctx)
