@@ -190,7 +190,7 @@ class _Epoch:
         self.stop = threading.Event()
         self.thread = self.sampler_thread = None
         sampled = stages.sample_iter(seeds)
-        if prefetch > 0 and stages.sample_stream is not False:
+        if prefetch > 0 and stages.sample_ahead:
             # Sampling runs ahead in a thread of its own: a batch's gather overlaps the next one's
             # sampling instead of following it.
             self.sq: queue.Queue = queue.Queue(maxsize=prefetch)
@@ -294,13 +294,14 @@ class _Stages:
     """What the producer needs to make a batch: sampler, store, labels, device, side stream,
     and how many batches share one merged feature gather (``merge``; 1 = none)."""
 
-    def __init__(self, sampler, features, labels, device, stream, merge: int = 1, sample_stream=False):
+    def __init__(self, sampler, features, labels, device, stream, merge: int = 1, sample_ahead: bool = False):
         self.sampler, self.features, self.labels = sampler, features, labels
         self.device, self.stream = device, stream
         self.cuda = device.type == "cuda"
         self.merge = merge
-        # False: no sampling thread; else the stream it samples on (None on the CPU).
-        self.sample_stream = sample_stream
+        # Sampling in a thread of its own, on a stream of its own on CUDA.
+        self.sample_ahead = sample_ahead
+        self.sample_stream = torch.cuda.Stream(device) if sample_ahead and self.cuda else None
 
     def sample_iter(self, seeds):
         many = getattr(self.sampler, "sample_batches", None)
@@ -447,11 +448,8 @@ class PipelinedLoader:
         if sample_ahead and prefetch == 0:
             raise ValueError("PipelinedLoader: sample_ahead needs prefetch > 0 (it is a thread of its own)")
         self.sample_ahead = bool(sample_ahead)
-        sample_stream = False
-        if self.sample_ahead:
-            sample_stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._stages = _Stages(sampler, features, self.labels, self.device, self.stream,
-                              merge_gathers, sample_stream)
+                              merge_gathers, self.sample_ahead)
         self._epoch: _Epoch | None = None
         self._last: dict | None = None
 
