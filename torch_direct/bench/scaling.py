@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from .common import machine_record, print_markdown, write_json
-from .train import _row
+from .train import _row, exposed_cell
 
 
 def _nprocs(text: str) -> list[int]:
@@ -157,9 +157,8 @@ def run(args) -> int:
             rows.append([r["nproc"], "-", "-", "-", "-", "-", "-", "-", "-", f"{r['status']}: {r['reason']}"])
             continue
         mem = f"{r['memory_ratio']:.2f}x" if r.get("memory_ratio") is not None else "-"
-        ex = r["exposed_s"]
         rows.append([r["nproc"], f"{r['epoch_s']:.3f}", f"{r['speed_ratio']:.2f}x", f"{r['train_step_s']:.3f}",
-                     f"{ex['sample']:.3f}/{ex['gather']:.3f}/{ex['transfer']:.3f}", f"{r['host_pss_gb']:.2f}", mem,
+                     exposed_cell(r), f"{r['host_pss_gb']:.2f}", mem,
                      f"{r['data_gb']:.2f}", f"{r['test_acc']:.4f}", ""])
     # The epoch is the training step plus the loader's exposed stages: what bounds each count.
     print_markdown(["processes", "epoch s", "vs baseline", "train step s", "exposed s sample/gather/transfer",

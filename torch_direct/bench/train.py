@@ -240,6 +240,12 @@ def _fmt(v, spec: str, suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
+def exposed_cell(row: dict) -> str:
+    """A row's exposed loader seconds as one table cell: sample/gather/transfer."""
+    ex = row["exposed_s"]
+    return f"{ex['sample']:.3f}/{ex['gather']:.3f}/{ex['transfer']:.3f}"
+
+
 def print_table(record: dict) -> None:
     a = record["args"]
     print(f"train: {a['dataset']}, model {a['model']}, hidden {a['hidden']}, fanouts "
@@ -251,9 +257,7 @@ def print_table(record: dict) -> None:
             rows.append([r["pipeline"], "-", "-", "-", "-", "-", "-", f"{r['status']}: {r['reason']}"])
             continue
         vs = 1.0 if r["pipeline"] == "unified" else r["speedup_vs"].get("unified")
-        ex = r["exposed_s"]
-        rows.append([r["pipeline"], f"{r['epoch_s']:.3f}", _fmt(vs, ".2f", "x"),
-                     f"{ex['sample']:.3f}/{ex['gather']:.3f}/{ex['transfer']:.3f}", f"{r['losses'][-1]:.4f}",
+        rows.append([r["pipeline"], f"{r['epoch_s']:.3f}", _fmt(vs, ".2f", "x"), exposed_cell(r), f"{r['losses'][-1]:.4f}",
                      f"{r['test_acc']:.4f}", f"{r['sampler']} ({r.get('graph') or '-'})", r["note"]])
     print_markdown(["pipeline", "epoch s", "vs unified", "exposed s sample/gather/transfer", "final loss",
                     "test acc", "sampler (CSR on)", "note"], rows)
