@@ -583,7 +583,7 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
 double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes) {
   std::lock_guard<std::mutex> g(rates_mutex());
   const auto it = rates().find({static_cast<int>(device), row_bytes});
-  return it == rates().end() ? kDefaultCpuFraction : choose_hybrid_fraction(it->second);
+  return choose_hybrid_fraction(it == rates().end() ? HybridRates{} : it->second);
 }
 
 } // namespace at::native::unified
