@@ -51,23 +51,15 @@ build_pyg_wheels() {
   done
 }
 
-bench() {  # name, limit, args...
-  local name=$1 limit=$2; shift 2
+run_bench() {  # subcommand, name, limit, args...: $OUT/<subcommand>_<name>.json and .log
+  local cmd=$1 name=$2 limit=$3; shift 3
   local t0; t0=$(date +%s)
-  PYTHONPATH=/tmp/site/pyg:/tmp/site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" python3 -m torch_direct.bench train --root "$DATA" \
-    --no-progress --out "$OUT/train_$name.json" "$@" > "$OUT/train_$name.log" 2>&1
-  echo "$name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
-  tail -12 "$OUT/train_$name.log"
+  PYTHONPATH=/tmp/site/pyg:/tmp/site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" python3 -m torch_direct.bench "$cmd" \
+    --root "$DATA" --no-progress --out "$OUT/${cmd}_$name.json" "$@" > "$OUT/${cmd}_$name.log" 2>&1
+  echo "$cmd $name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
+  tail -12 "$OUT/${cmd}_$name.log"
 }
-
-ablation() {  # dataset, limit, args...
-  local ds=$1 limit=$2; shift 2
-  local t0; t0=$(date +%s)
-  timeout "$limit" python3 -m torch_direct.bench train-ablation --root "$DATA" --no-progress --dataset "$ds" \
-    --out "$OUT/ablation_$ds.json" "$@" > "$OUT/ablation_$ds.log" 2>&1
-  echo "ablation $ds: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
-  tail -10 "$OUT/ablation_$ds.log"
-}
+bench() { run_bench train "$@"; }  # name, limit, args...
 
 papers_data() {
   local t0; t0=$(date +%s)
@@ -95,7 +87,7 @@ case "$what" in
       echo "profile $ds: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; head -30 "$OUT/profile_$ds.txt"
     done ;;
   products-ablation)
-    ablation products-like 300 --epochs 2 --cache-mb 256 ;;
+    run_bench train-ablation products-like 300 --dataset products-like --epochs 2 --cache-mb 256 ;;
   papers)
     papers_data
     bench papers100M-like 150 --dataset papers100M-like --epochs 2 --pipelines unified
