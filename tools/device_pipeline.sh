@@ -90,8 +90,11 @@ case "$what" in
     run_bench train-ablation products-like 300 --dataset products-like --epochs 2 --cache-mb 256 ;;
   papers)
     papers_data
-    bench papers100M-like 150 --dataset papers100M-like --epochs 2 --pipelines unified
-    bench papers100M-like_graph-gpu 150 --dataset papers100M-like --epochs 2 --pipelines unified --graph gpu
-    bench papers100M-like_sample-ahead 150 --dataset papers100M-like --epochs 2 --pipelines unified --sample-ahead ;;
+    # test accuracy over a fixed 100K of the test split, as on products-like
+    bench papers100M-like 170 --dataset papers100M-like --epochs 2 --pipelines unified --test-nodes 100000
+    bench papers100M-like_graph-gpu 170 --dataset papers100M-like --epochs 2 --pipelines unified --graph gpu \
+      --test-nodes 100000
+    [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_sample-ahead 150 --dataset papers100M-like --epochs 2 \
+      --pipelines unified --sample-ahead --test-nodes 100000 ;;
   *) echo "device_pipeline: unknown step $what (products, products-ablation, papers, profile, pyg-wheels, all)" >&2; exit 2 ;;
 esac

@@ -12,16 +12,16 @@ moved):
   naive_sorted    sort + stock read + scatter back (the bench's naive_uva_sorted)
 
 so ours - ours_read is our reordering, ours_read vs stock_read the kernels.
+PROBE_WINDOWS=1024,4096 adds ours_read with those rows in flight.
 Writes JSON to argv[1].
 """
-import json
 import os
 import sys
 
 import torch
 
 import torch_direct
-from hybrid_probe import med  # tools/ is on sys.path when run as python3 tools/gather_phase_probe.py
+from hybrid_probe import med, report, write_points  # tools/ is on sys.path when run as python3 tools/gather_phase_probe.py
 
 
 def main():
@@ -51,11 +51,14 @@ def main():
                "stock_read": moved / med(lambda: torch.index_select(alias, 0, sidx)),
                "naive_sorted": moved / med(naive_sorted),
                "sort_s": med(lambda: torch.sort(idx))}
+        # Our read with other row windows (the default is 2048 rows in flight).
+        for w in (int(x) for x in os.environ.get("PROBE_WINDOWS", "").split(",") if x):
+            os.environ["TORCH_DIRECT_GATHER_WINDOW_ROWS"] = str(w)
+            rec[f"ours_read_window{w}"] = moved / med(lambda: torch_direct.gather(table, sidx, order="as_is"))
+            del os.environ["TORCH_DIRECT_GATHER_WINDOW_ROWS"]
         assert torch.equal(torch_direct.gather(table, sidx, order="as_is"), torch.index_select(alias, 0, sidx))
-        res.append(rec)
-        print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in rec.items()}), flush=True)
-    with open(out, "w") as f:
-        json.dump({"machine": torch.cuda.get_device_name(), "points": res}, f, indent=1)
+        report(res, rec)
+    write_points(out, res)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,17 @@ def med(fn, reps=5):
     return statistics.median(ts)
 
 
+def report(res, rec):
+    """Keep one point and print it as a JSON line."""
+    res.append(rec)
+    print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in rec.items()}), flush=True)
+
+
+def write_points(out, res):
+    with open(out, "w") as f:
+        json.dump({"machine": torch.cuda.get_device_name(), "points": res}, f, indent=1)
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "hybrid_probe.json"
     threads = os.cpu_count()
