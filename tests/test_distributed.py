@@ -76,6 +76,26 @@ class TestTorchrun(TestCase):
         self.assertIn("(full neighbourhoods)", p.stdout)
         self.assertEqual(shm_files(), before)  # the shared files are gone once every rank mapped them
 
+    def test_close_frees_the_group_and_its_threads(self):
+        # Were the group still alive after close (DDP's constructor imports torch.distributed.nn.functional,
+        # whose defaults capture group.WORLD), gloo's worker threads would run into interpreter shutdown
+        # and now and then abort the rank there ("terminate called without an active exception").
+        code = ("import os, torch\n"
+                "from torch_direct.pipeline import distributed\n"
+                "tasks = lambda: len(os.listdir('/proc/self/task'))\n"
+                "before = tasks()\n"
+                "ctx = distributed.init('cpu')\n"
+                "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))\n"
+                "ctx.all_sum([1.0])\n"
+                "del model\n"
+                "ctx.close()\n"
+                "assert tasks() == before, f'{tasks()} threads after close, {before} before init'\n")
+        e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+                 RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                 TORCH_DIRECT_DISTRIBUTED="1")
+        p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+
     def test_a_failing_rank_stops_the_job_with_its_error(self):
         before = shm_files()
         p = self.torchrun(["--standalone", "--nproc-per-node=2"], ["--device", "cpu", "--epochs", "3"],

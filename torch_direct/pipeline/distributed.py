@@ -156,6 +156,15 @@ def init(device_arg: str | None) -> Context:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
+        # Before the group exists: torch.distributed.nn.functional takes ``group.WORLD`` as the
+        # default argument of its functions when first imported (DDP's constructor imports it,
+        # through torch.distributed._shard). Imported after init_process_group, it holds the
+        # default group for good: destroy_process_group cannot free it, and gloo's worker threads
+        # run on into interpreter shutdown, where the one that drops the last reference to a
+        # finished all_reduce's tensor (its Python object) must take the GIL, is ended by Python
+        # with a forced unwind through a noexcept destructor and aborts the rank ("terminate
+        # called without an active exception"). Imported now, those defaults are None.
+        from torch.distributed.nn import functional as _  # noqa: F401
         # Ranks wait for each other in a collective after work whose share can be uneven (the
         # receptive fields of --full-eval's test nodes): minutes on papers100M-like, more than
         # NCCL's default 10-minute timeout allows for.
