@@ -1,5 +1,8 @@
 """torch_direct.gather: values, casts, index forms, out buffers, bounds."""
 
+import os
+from unittest import mock
+
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
@@ -233,6 +236,17 @@ class TestGatherKernelCUDA(TestCase):
         nc = torch.randint(0, 1000, (12000,))[::3]
         u = src.to("unified")
         self.assertEqual(torch_direct.gather(u, nc.cuda()).cpu(), src[nc])
+
+    def test_tuning_overrides_keep_results(self):
+        # The experiment knobs change the launch (rows in flight, load width), never the rows.
+        src = torch.randn(3000, 128)
+        idx = torch.randint(0, 3000, (7000,))
+        for var, values in (("TORCH_DIRECT_GATHER_WINDOW_ROWS", ("1", "64", "0")),
+                            ("TORCH_DIRECT_GATHER_MAX_UNIT", ("1", "2", "4", "8"))):
+            for v in values:
+                with self.subTest(var=var, value=v), mock.patch.dict(os.environ, {var: v}):
+                    self.check(src, idx)
+                    self.check(src.half(), idx, dtype=torch.float32)
 
     def test_unaligned_and_strided_tables(self):
         base = torch.randn(4001, 130)

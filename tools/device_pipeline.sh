@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
 # extension: the end-to-end pipeline figures of issue 5, in one call.
 #
-#   bash tools/device_pipeline.sh [products|products-ablation|papers|profile|pyg-wheels|all]   (default: all = products)
+#   bash tools/device_pipeline.sh [products|products-ablation|papers|profile|gather-probes|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -14,11 +14,12 @@
 #   torch-sparse), each wheel written to $OUT/wheels as soon as it is built.
 # - products: `bench train` on products-like (unified, cpu_centric,
 #   gpu_resident, and pyg once its wheels are installed), then unified and
-#   gpu_resident with `--graph gpu`.
+#   gpu_resident with `--graph gpu`, then unified with `--graph gpu --sample-ahead`.
 # - products-ablation: `bench train-ablation` on products-like (every lever).
 # - papers: papers100M-like generated (timed), then `bench train` unified with
 #   the CSR in host memory, with `--graph gpu` and with `--sample-ahead`.
 # - profile: `train --profile` on both (the top operators of 20 training steps).
+# - gather-probes: tools/gather_phase_probe.py with narrower loads, tools/hybrid_cpu_path_probe.py.
 # Everything is logged under $OUT; each step has its own time limit.
 set -u
 OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT/wheels"
@@ -78,8 +79,13 @@ case "$what" in
       --pyg-workers 16 --test-nodes 100000
     bench products-like_graph-gpu 90 --dataset products-like --epochs 2 --pipelines unified,gpu_resident --graph gpu \
       --test-nodes 100000
-    bench products-like_sample-ahead 60 --dataset products-like --epochs 2 --pipelines unified --sample-ahead \
-      --test-nodes 100000 ;;
+    # sampling in its own thread and stream: with the CSR in host memory its reads compete with
+    # the gather's for PCIe (1.92 s against 1.81 without, docs/pipeline.md); with a GPU copy not
+    bench products-like_graph-gpu_sample-ahead 60 --dataset products-like --epochs 2 --pipelines unified \
+      --graph gpu --sample-ahead --test-nodes 100000 ;;
+  gather-probes)  # the gather's open questions (docs/gather.md): load width, the hybrid's CPU path
+    (cd tools && PROBE_UNITS=4,8 timeout 150 python3 gather_phase_probe.py "$OUT/gather_phase_probe.json" \
+      && timeout 150 python3 hybrid_cpu_path_probe.py "$OUT/hybrid_cpu_path_probe.json") 2>&1 | tee "$OUT/gather_probes.log" ;;
   profile)  # what a training step spends its time on (products-like and papers100M-like, unified)
     for ds in products-like papers100M-like; do
       timeout 150 python3 -m torch_direct train --root "$DATA" --dataset "$ds" --epochs 1 --no-progress \
@@ -96,5 +102,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_sample-ahead 150 --dataset papers100M-like --epochs 2 \
       --pipelines unified --sample-ahead --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-ablation, papers, profile, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-ablation, papers, profile, gather-probes, pyg-wheels, all)" >&2; exit 2 ;;
 esac

@@ -12,7 +12,8 @@ moved):
   naive_sorted    sort + stock read + scatter back (the bench's naive_uva_sorted)
 
 so ours - ours_read is our reordering, ours_read vs stock_read the kernels.
-PROBE_WINDOWS=1024,4096 adds ours_read with those rows in flight.
+PROBE_WINDOWS=1024,4096 adds ours_read with those rows in flight, PROBE_UNITS=4,8
+ours_read with loads of at most that many bytes.
 Writes JSON to argv[1].
 """
 import os
@@ -51,11 +52,14 @@ def main():
                "stock_read": moved / med(lambda: torch.index_select(alias, 0, sidx)),
                "naive_sorted": moved / med(naive_sorted),
                "sort_s": med(lambda: torch.sort(idx))}
-        # Our read with other row windows (the default is 2048 rows in flight).
-        for w in (int(x) for x in os.environ.get("PROBE_WINDOWS", "").split(",") if x):
-            os.environ["TORCH_DIRECT_GATHER_WINDOW_ROWS"] = str(w)
-            rec[f"ours_read_window{w}"] = moved / med(lambda: torch_direct.gather(table, sidx, order="as_is"))
-            del os.environ["TORCH_DIRECT_GATHER_WINDOW_ROWS"]
+        # Our read with other row windows (the default is 2048 rows in flight) and
+        # narrower loads (the default is the widest of 16/8/4/2 bytes the row allows).
+        for var, name, probe in (("TORCH_DIRECT_GATHER_WINDOW_ROWS", "window", "PROBE_WINDOWS"),
+                                 ("TORCH_DIRECT_GATHER_MAX_UNIT", "unit", "PROBE_UNITS")):
+            for v in (int(x) for x in os.environ.get(probe, "").split(",") if x):
+                os.environ[var] = str(v)
+                rec[f"ours_read_{name}{v}"] = moved / med(lambda: torch_direct.gather(table, sidx, order="as_is"))
+                del os.environ[var]
         assert torch.equal(torch_direct.gather(table, sidx, order="as_is"), torch.index_select(alias, 0, sidx))
         report(res, rec)
     write_points(out, res)
