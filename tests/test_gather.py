@@ -139,6 +139,17 @@ class TestCpuThreads(TestCase):
             got = pool.apply_async(torch_direct._C._parallel_threads_used, (4,)).get(timeout=60)
         self.assertEqual(got, 4)
 
+    def test_prefetch_experiment_keeps_rows(self):
+        # TORCH_DIRECT_CPU_GATHER_PREFETCH asks for rows ahead of the copy; the rows are the same
+        # with any distance, including one past the end of a chunk and the negative indices.
+        src = torch.randn(50000, 37)
+        u = src.to("unified")
+        idx = torch.randint(-50000, 50000, (120000,))
+        for d in ("1", "16", "100000"):
+            with self.subTest(distance=d), mock.patch.dict(os.environ, {"TORCH_DIRECT_CPU_GATHER_PREFETCH": d}):
+                self.assertEqual(torch_direct.gather(u, idx), src[idx], atol=0, rtol=0)
+                self.assertEqual(torch_direct.gather(u[:, :32], idx), src[:, :32][idx], atol=0, rtol=0)
+
     def test_bad_index_in_any_chunk(self):
         # The bounds check runs over the pool's threads in chunks: a bad index is found in the
         # first, a middle or the last one, too large or too negative, before any row is read.

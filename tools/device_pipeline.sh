@@ -85,7 +85,7 @@ case "$what" in
       --graph gpu --sample-ahead --test-nodes 100000 ;;
   gather-probes)  # the gather's open questions (docs/gather.md): load width, the hybrid's CPU path
     (cd tools && PROBE_UNITS=4,8 timeout 150 python3 gather_phase_probe.py "$OUT/gather_phase_probe.json" \
-      && timeout 150 python3 hybrid_cpu_path_probe.py "$OUT/hybrid_cpu_path_probe.json") 2>&1 | tee "$OUT/gather_probes.log" ;;
+      && PROBE_PREFETCH=8,16,32 timeout 150 python3 hybrid_cpu_path_probe.py "$OUT/hybrid_cpu_path_probe.json") 2>&1 | tee "$OUT/gather_probes.log" ;;
   profile)  # what a training step spends its time on (products-like and papers100M-like, unified)
     for ds in products-like papers100M-like; do
       timeout 150 python3 -m torch_direct train --root "$DATA" --dataset "$ds" --epochs 1 --no-progress \

@@ -11,6 +11,9 @@ CPU path one at a time:
   hybrid_1.0         torch_direct.gather(cuda index, cpu_threads=T, cpu_fraction=1.0)
   idx_to_host_s      the CUDA index to the host (seconds)
 
+PROBE_PREFETCH=8,16,32 adds ours_cpu_only and hybrid_1.0 with software prefetch that
+many rows ahead.
+
 Writes JSON to argv[1].
 """
 import os
@@ -59,6 +62,13 @@ def main():
                "hybrid_1.0": moved / med(lambda: torch_direct.gather(table, idx, cpu_threads=threads,
                                                                       cpu_fraction=1.0)),
                "idx_to_host_s": med(lambda: idx.cpu())}
+        # Our CPU gather with rows requested that many rows ahead (software prefetch).
+        for d in (int(x) for x in os.environ.get("PROBE_PREFETCH", "").split(",") if x):
+            os.environ["TORCH_DIRECT_CPU_GATHER_PREFETCH"] = str(d)
+            rec[f"ours_cpu_only_prefetch{d}"] = moved / med(lambda: torch_direct.gather(table, idx_cpu, out=pinned))
+            rec[f"hybrid_1.0_prefetch{d}"] = moved / med(lambda: torch_direct.gather(
+                table, idx, cpu_threads=threads, cpu_fraction=1.0))
+            del os.environ["TORCH_DIRECT_CPU_GATHER_PREFETCH"]
         report(res, rec)
     write_points(out, res)
 
