@@ -75,6 +75,11 @@ class TestFeatureStores(TestCase):
             make_feature_store("unified", self.x, "meta")
         with self.assertRaisesRegex(ValueError, "cache_bytes"):
             make_feature_store("unified", self.x, "cpu", cache_bytes=-1)
+        with self.assertRaisesRegex(ValueError, "max_sms applies to the 'unified' store only"):
+            make_feature_store("gpu_resident", self.x, "cpu", max_sms=4)
+        for bad in (0, -2, 1.5, True):
+            with self.assertRaisesRegex(ValueError, "max_sms must be a positive int"):
+                make_feature_store("unified", self.x, "cpu", max_sms=bad)
         for kind in KINDS:
             store = make_feature_store(kind, self.x, "cpu")
             with self.assertRaisesRegex(TypeError, "1-D int32/int64"):
@@ -146,6 +151,16 @@ class TestFeatureStores(TestCase):
         self.assertEqual(store.stats()["cache_hit_rate"], 4 / 7)
         with self.assertRaisesRegex(ValueError, "degree"):
             make_feature_store("unified", self.x, "cuda", cache_bytes=1024)
+
+    @requires_gpu
+    def test_gather_capped_to_a_few_sms(self):
+        # The same rows with the kernel on one or a few SMs, with and without the cache.
+        idx = torch.randint(0, 500, (3000,)).cuda()
+        for kw in ({}, {"cache_bytes": 100 * 12 * 4, "degree": torch.arange(500)}):
+            for sms in (1, 3):
+                store = make_feature_store("unified", self.x, "cuda", max_sms=sms, **kw)
+                self.assertEqual(store.stats()["max_sms"], sms)
+                self.assertEqual(store.gather(idx).cpu(), self.x[idx.cpu()], msg=str((kw.keys(), sms)))
 
 
 class _ListSampler:

@@ -124,7 +124,7 @@ class TestTrain(TestCase):
             main(["train", "--help"])
         self.assertEqual(cm.exception.code, 0)
         for opt in ("--pipeline", "--fanouts", "--model", "--json", "--plot", "--device", "--cache-mb", "--prefetch",
-                    "--graph"):
+                    "--graph", "--gather-sms"):
             self.assertIn(opt, out.getvalue())
         for bad in (["--fanouts", "15,x"], ["--fanouts", "0"], ["--epochs", "0"], ["--model", "gcn"],
                     ["--pipeline", "nvme"], ["--batch-size", "-3"]):
@@ -135,6 +135,7 @@ class TestTrain(TestCase):
                          (["--eval-fanouts", "20,20"], "one per layer"),
                          (["--device", "tpu"], "not a device"),
                          (["--cache-mb", "8", "--pipeline", "cpu_centric"], "unified only"),
+                         (["--gather-sms", "8", "--pipeline", "gpu_resident"], "--gather-sms applies to --pipeline unified only"),
                          (["--graph", "gpu", "--device", "cpu"], "--graph gpu needs a CUDA device"),
                          (["--sample-ahead", "--prefetch", "0"], "--sample-ahead needs --prefetch > 0"),
                          (["--graph", "gpu", "--sampler", "cpu", "--device", "cpu"], "needs a CUDA device")):

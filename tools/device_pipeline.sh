@@ -14,7 +14,8 @@
 #   torch-sparse), each wheel written to $OUT/wheels as soon as it is built.
 # - products: `bench train` on products-like (unified, cpu_centric,
 #   gpu_resident, and pyg once its wheels are installed), then unified and
-#   gpu_resident with `--graph gpu`, then unified with `--graph gpu --sample-ahead`.
+#   gpu_resident with `--graph gpu`, then unified with `--graph gpu --sample-ahead` and with
+#   `--graph gpu --gather-sms 66` and `33`.
 # - products-ablation: `bench train-ablation` on products-like (every lever).
 # - papers: papers100M-like generated (timed), then `bench train` unified with
 #   the CSR in host memory, with `--graph gpu` and with `--sample-ahead`.
@@ -83,7 +84,12 @@ case "$what" in
     # sampling in its own thread and stream: with the CSR in host memory its reads compete with
     # the gather's for PCIe (1.92 s against 1.81 without, docs/pipeline.md); with a GPU copy not
     bench products-like_graph-gpu_sample-ahead 60 --dataset products-like --epochs 2 --pipelines unified \
-      --graph gpu --sample-ahead --test-nodes 100000 ;;
+      --graph gpu --sample-ahead --test-nodes 100000
+    # the gather kernel on half or a quarter of the 132 SMs: the training step's kernels get the rest
+    for sms in 66 33; do
+      bench products-like_graph-gpu_gather-sms$sms 60 --dataset products-like --epochs 2 --pipelines unified \
+        --graph gpu --gather-sms $sms --test-nodes 100000
+    done ;;
   gather-probes)  # the gather's open questions (docs/gather.md): load width, the hybrid's CPU path
     (cd tools && PROBE_UNITS=4,8 timeout 150 python3 gather_phase_probe.py "$OUT/gather_phase_probe.json" \
       && PROBE_PREFETCH=8,16,32 timeout 150 python3 hybrid_cpu_path_probe.py "$OUT/hybrid_cpu_path_probe.json") 2>&1 | tee "$OUT/gather_probes.log" ;;

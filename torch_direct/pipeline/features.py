@@ -103,16 +103,21 @@ class UnifiedFeatureStore(FeatureStore):
     (``pin_inplace=True`` maps a CPU tensor's own pages instead). ``cache_bytes``
     (GPU device only): the rows with the highest ``degree`` that fit in that many
     bytes are copied to the GPU and served from there; the others are read in place.
+    ``max_sms`` caps the streaming multiprocessors the gather kernel runs on (None: all),
+    so that a training step queued beside a gather is not left waiting for it.
     """
 
     kind = "unified"
 
     def __init__(self, x, device, dtype=None, *, cache_bytes: int = 0, degree=None,
-                 pin_inplace: bool = False):
+                 pin_inplace: bool = False, max_sms: int | None = None):
         super().__init__(x, device, dtype)
         import torch_direct
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ValueError(f"UnifiedFeatureStore: cache_bytes must be an int >= 0, got {cache_bytes!r}")
+        if max_sms is not None and (isinstance(max_sms, bool) or not isinstance(max_sms, int) or max_sms <= 0):
+            raise ValueError(f"UnifiedFeatureStore: max_sms must be a positive int or None, got {max_sms!r}")
+        self.max_sms = max_sms
         if x.device.type == "unified":
             self.table = x
         elif pin_inplace:
@@ -146,7 +151,7 @@ class UnifiedFeatureStore(FeatureStore):
         with _stream_ctx(stream, device):
             idx = n_id.to(device, non_blocking=True)
             if self.cache is None or device != self.device:
-                return torch_direct.gather(self.table, idx, dtype=self.dtype)
+                return torch_direct.gather(self.table, idx, dtype=self.dtype, max_sms=self.max_sms)
             slot = self.slot[idx]
             hit = slot >= 0
             out = torch.empty(idx.numel(), self.dim, dtype=self.dtype, device=device)
@@ -158,11 +163,13 @@ class UnifiedFeatureStore(FeatureStore):
                 hit_pos = torch.nonzero(hit).squeeze(1)
                 out[hit_pos] = self.cache[slot[hit_pos].long()]
             if miss.numel():
-                out[miss] = torch_direct.gather(self.table, idx[miss], dtype=self.dtype)
+                out[miss] = torch_direct.gather(self.table, idx[miss], dtype=self.dtype, max_sms=self.max_sms)
             return out
 
     def stats(self) -> dict:
         s = {"kind": self.kind, "cache_rows": self.cache_rows}
+        if self.max_sms is not None:
+            s["max_sms"] = self.max_sms
         if self.cache is not None:
             s["cache_hit_rate"] = self.hits / self.lookups if self.lookups else 0.0
         return s
@@ -221,14 +228,15 @@ class GPUResidentFeatureStore(FeatureStore):
 
 
 def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, cache_bytes: int = 0,
-                       degree=None, pin_inplace: bool = False) -> FeatureStore:
+                       degree=None, pin_inplace: bool = False, max_sms: int | None = None) -> FeatureStore:
     """A store of ``kind`` (one of :data:`KINDS`) over ``x``, serving ``device``
     (``pin_inplace``: the unified store maps ``x``'s own pages instead of copying them)."""
     if kind == "unified":
         return UnifiedFeatureStore(x, device, dtype, cache_bytes=cache_bytes, degree=degree,
-                                   pin_inplace=pin_inplace)
-    if cache_bytes:
-        raise ValueError(f"cache_bytes applies to the 'unified' store only, not {kind!r}")
+                                   pin_inplace=pin_inplace, max_sms=max_sms)
+    for name, value in (("cache_bytes", cache_bytes), ("max_sms", max_sms)):
+        if value:
+            raise ValueError(f"{name} applies to the 'unified' store only, not {kind!r}")
     if kind == "cpu_centric":
         return CPUCentricFeatureStore(x, device, dtype)
     if kind == "gpu_resident":

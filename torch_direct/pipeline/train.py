@@ -213,6 +213,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-mb", type=_nonneg_int, default=0,
                    help="unified pipeline on a GPU: MiB of GPU memory for the hottest (highest-degree) "
                         "feature rows (default: %(default)s)")
+    p.add_argument("--gather-sms", type=_nonneg_int, default=0,
+                   help="unified pipeline on a GPU: streaming multiprocessors the feature gather may use, "
+                        "leaving the others to the training step it overlaps; 0 = all (default: %(default)s)")
     p.add_argument("--prefetch", type=_nonneg_int, default=2,
                    help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
     p.add_argument("--sample-ahead", action="store_true",
@@ -512,6 +515,10 @@ def _run(args, ctx) -> dict:
     if args.cache_mb and device.type != "cuda":
         say("train: --cache-mb has no effect without a GPU (there is no GPU memory to cache in)",
             file=sys.stderr)
+    if args.gather_sms and args.pipeline != "unified":
+        raise ValueError("--gather-sms applies to --pipeline unified only (its zero-copy gather kernel)")
+    if args.gather_sms and device.type != "cuda":
+        say("train: --gather-sms has no effect without a GPU (the CPU gathers the rows)", file=sys.stderr)
     if graph_on_gpu:
         if device.type != "cuda":
             raise ValueError("--graph gpu needs a CUDA device")
@@ -554,7 +561,8 @@ def _run(args, ctx) -> dict:
     store = make_feature_store(args.pipeline, ds.x, device, torch.float32,
                                cache_bytes=args.cache_mb << 20,
                                degree=ds.graph.degree() if args.cache_mb else None,
-                               pin_inplace=ctx is not None)
+                               pin_inplace=ctx is not None,
+                               max_sms=args.gather_sms if device.type == "cuda" and args.gather_sms else None)
     labels = ds.y.to(device) if device.type == "cuda" else ds.y
     gen = torch.Generator().manual_seed(args.seed)
     shard = None if ctx is None else (ctx.rank, ctx.world)
