@@ -124,7 +124,8 @@ int64_t row_width(const at::Tensor& table) {
 // contiguous, a 1-D CPU integer `index` and a contiguous CPU `out` of shape
 // (len(index), *table.shape[1:]) in any dtype.
 at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
-                            int64_t max_threads, bool wait_for_gpu, bool allow_negative) {
+                            int64_t max_threads, bool wait_for_gpu, bool allow_negative,
+                            bool indices_checked) {
   TORCH_CHECK(is_unified(table), "gather_rows_cpu: expected a unified table");
   TORCH_CHECK(index.is_cpu() && index.dim() == 1 &&
                   (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt),
@@ -144,7 +145,9 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
   TORCH_CHECK(out.numel() == idx.numel() * row_width(table),
               "gather_rows_cpu: out has the wrong number of elements");
   AT_DISPATCH_INDEX_TYPES(idx.scalar_type(), "gather_rows_cpu", [&] {
-    check_indices<index_t>(idx.const_data_ptr<index_t>(), idx.numel(), rows, allow_negative, max_threads);
+    if (!indices_checked) {
+      check_indices<index_t>(idx.const_data_ptr<index_t>(), idx.numel(), rows, allow_negative, max_threads);
+    }
     gather_rows<index_t>(host, idx.const_data_ptr<index_t>(), idx.numel(), out, max_threads);
   });
   return out;

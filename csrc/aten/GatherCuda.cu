@@ -561,7 +561,9 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
     for (int64_t b = 0; b < k; b += per) {
       const int64_t len = std::min(per, k - b);
       at::Tensor piece = staging.narrow(0, b, len);
-      gather_rows_cpu(table, idx_host.narrow(0, b, len), piece, cpu_threads, /*wait_for_gpu=*/false);
+      // The GPU's check above covered the whole index.
+      gather_rows_cpu(table, idx_host.narrow(0, b, len), piece, cpu_threads, /*wait_for_gpu=*/false,
+                      /*allow_negative=*/true, /*indices_checked=*/true);
       c10::cuda::CUDAStreamGuard sg(side);
       out2d.narrow(0, b, len).copy_(piece, /*non_blocking=*/true);
     }

@@ -74,10 +74,12 @@ int64_t claim_structured_ops(c10::DispatchKey key);
 
 // Row gather into a CPU tensor with a fused cast (GatherCpu.cpp), on at most
 // max_threads of the intra-op pool's threads (0: as many as it has). Waits for
-// GPU work recorded on the table first unless told not to.
+// GPU work recorded on the table first unless told not to. Checks every index
+// before any read, unless the caller says it has checked them all
+// (indices_checked: the hybrid gather, whose GPU check covered the index).
 at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                             int64_t max_threads = 0, bool wait_for_gpu = true,
-                            bool allow_negative = true);
+                            bool allow_negative = true, bool indices_checked = false);
 
 // Row gather into a CUDA tensor (GatherCuda.cu; CUDA builds only).
 // kAuto sorts the rows to read when the index is unsorted and has at least
