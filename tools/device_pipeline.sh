@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
 # extension: the end-to-end pipeline figures of issue 5, in one call.
 #
-#   bash tools/device_pipeline.sh [products|products-ablation|papers|profile|gather-probes|pyg-wheels|all]   (default: all = products)
+#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|profile|gather-probes|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -15,10 +15,12 @@
 # - products: `bench train` on products-like (unified, cpu_centric,
 #   gpu_resident, and pyg once its wheels are installed), then unified and
 #   gpu_resident with `--graph gpu`, then unified with `--graph gpu --sample-ahead` and with
-#   `--graph gpu --gather-sms 66` and `33`.
+#   `--graph gpu --gather-sms 66` and `33` (products-overlap: these alone, without the
+#   four-pipeline run, whose PyG row takes about 6 minutes).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
 # - papers: papers100M-like generated (timed), then `bench train` unified with
-#   the CSR in host memory, with `--graph gpu` and with `--sample-ahead`.
+#   the CSR in host memory, with `--graph gpu`, and with `--graph gpu --sample-ahead
+#   --gather-sms 66`.
 # - profile: `train --profile` on both (the top operators of 20 training steps).
 # - gather-probes: tools/gather_phase_probe.py with narrower loads, tools/hybrid_cpu_path_probe.py.
 # Everything is logged under $OUT; each step has its own time limit.
@@ -69,27 +71,36 @@ papers_data() {
   echo "papers100M-like generation: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
 }
 
+# unified on products-like with the GPU sampler on a GPU copy of the CSR, and the loader's ways
+# of overlapping its work with the training step (docs/pipeline.md)
+products_overlap() {
+  # with full-neighbourhood test accuracy beside the sampled one (the sampled-inference target)
+  bench products-like_graph-gpu 150 --dataset products-like --epochs 2 --pipelines unified,gpu_resident --graph gpu \
+    --test-nodes 100000 --full-eval
+  # sampling in its own thread and stream: with the CSR in host memory its reads compete with
+  # the gather's for PCIe (1.92 s against 1.81 without); with a GPU copy they do not
+  bench products-like_graph-gpu_sample-ahead 60 --dataset products-like --epochs 2 --pipelines unified \
+    --graph gpu --sample-ahead --test-nodes 100000
+  # the gather kernel on half or a quarter of the 132 SMs: the training step's kernels get the rest
+  for sms in 66 33; do
+    bench products-like_graph-gpu_gather-sms$sms 60 --dataset products-like --epochs 2 --pipelines unified \
+      --graph gpu --gather-sms $sms --test-nodes 100000
+  done
+  bench products-like_graph-gpu_sample-ahead_gather-sms66 60 --dataset products-like --epochs 2 \
+    --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000
+}
+
 case "$what" in
   pyg-wheels) build_pyg_wheels ;;
   products|all)  # every pipeline (PyG's wheels first: a compile beside the benchmark would take
-    # the CPU its pipelines use); then unified with the GPU sampler on a GPU copy of the CSR
+    # the CPU its pipelines use)
     build_pyg_wheels
     # products-like's test split is 2.2M nodes: PyG's loader alone would take minutes to infer them
     # all, so every pipeline reports test accuracy over the same fixed 100K of them.
     bench products-like 400 --dataset products-like --epochs 2 --pipelines unified,cpu_centric,gpu_resident,pyg \
       --pyg-workers 16 --test-nodes 100000
-    # with full-neighbourhood test accuracy beside the sampled one (the sampled-inference target)
-    bench products-like_graph-gpu 150 --dataset products-like --epochs 2 --pipelines unified,gpu_resident --graph gpu \
-      --test-nodes 100000 --full-eval
-    # sampling in its own thread and stream: with the CSR in host memory its reads compete with
-    # the gather's for PCIe (1.92 s against 1.81 without, docs/pipeline.md); with a GPU copy not
-    bench products-like_graph-gpu_sample-ahead 60 --dataset products-like --epochs 2 --pipelines unified \
-      --graph gpu --sample-ahead --test-nodes 100000
-    # the gather kernel on half or a quarter of the 132 SMs: the training step's kernels get the rest
-    for sms in 66 33; do
-      bench products-like_graph-gpu_gather-sms$sms 60 --dataset products-like --epochs 2 --pipelines unified \
-        --graph gpu --gather-sms $sms --test-nodes 100000
-    done ;;
+    products_overlap ;;
+  products-overlap) products_overlap ;;
   gather-probes)  # the gather's open questions (docs/gather.md): load width, the hybrid's CPU path
     (cd tools && PROBE_UNITS=4,8 timeout 150 python3 gather_phase_probe.py "$OUT/gather_phase_probe.json" \
       && PROBE_PREFETCH=8,16,32 timeout 150 python3 hybrid_cpu_path_probe.py "$OUT/hybrid_cpu_path_probe.json") 2>&1 | tee "$OUT/gather_probes.log" ;;
@@ -107,7 +118,7 @@ case "$what" in
     bench papers100M-like 170 --dataset papers100M-like --epochs 2 --pipelines unified --test-nodes 100000
     bench papers100M-like_graph-gpu 170 --dataset papers100M-like --epochs 2 --pipelines unified --graph gpu \
       --test-nodes 100000
-    [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_sample-ahead 150 --dataset papers100M-like --epochs 2 \
-      --pipelines unified --sample-ahead --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-ablation, papers, profile, gather-probes, pyg-wheels, all)" >&2; exit 2 ;;
+    [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
+      --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, profile, gather-probes, pyg-wheels, all)" >&2; exit 2 ;;
 esac
