@@ -115,6 +115,8 @@ class TestBenchTrainCPU(_Tiny):
             self.assertEqual(len(r["epoch_times_s"]), 2)
             self.assertEqual(r["epoch_s"], r["epoch_times_s"][1])     # the median after the first
             self.assertEqual(set(r["exposed_s"]), {"sample", "gather", "transfer"})
+            self.assertEqual(set(r["busy_s"]), {"sample", "gather", "transfer"})
+            self.assertGreater(r["busy_s"]["sample"], 0)   # every batch was sampled
             self.assertGreater(r["test_acc"], 0)
             self.assertIn(f"| {name} | {r['epoch_s']:.3f} |", self.out)
 

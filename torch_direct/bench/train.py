@@ -108,12 +108,16 @@ def _skip_reason(name: str, device) -> str | None:
 def _row(name: str, rec: dict, note: str) -> dict:
     epochs = rec["epochs"]
     timed = epochs[1:] if len(epochs) > 1 else epochs      # the epochs _epoch_seconds takes
-    exposed = {k: statistics.median(e["exposed_s"][k] for e in timed) for k in ("sample", "gather", "transfer")}
+    stages = ("sample", "gather", "transfer")
+    exposed = {k: statistics.median(e["exposed_s"][k] for e in timed) for k in stages}
+    # Busy seconds per stage (CUDA events on the loader's streams): what each stage costs, where
+    # exposed says what the training loop waited for.
+    busy = {k: statistics.median(e["busy_s"][k] for e in timed) for k in stages if "busy_s" in timed[0]}
     row = {"pipeline": name, "status": "ok", "epoch_s": _epoch_seconds(rec),
            "epoch_times_s": [e["total_s"] for e in epochs],
            "train_step_s": statistics.median(e["train_step_s"] for e in timed),
            "loader_wait_s": statistics.median(e["loader_wait_s"] for e in timed),
-           "exposed_s": exposed, "losses": [e["loss"] for e in epochs],
+           "exposed_s": exposed, "busy_s": busy, "losses": [e["loss"] for e in epochs],
            "train_acc": [e["train_acc"] for e in epochs], "valid_acc": [e["valid_acc"] for e in epochs],
            "test_acc": rec["test_acc"], "backend": rec["backend"], "sampler": rec["sampler"],
            "device": rec["device"], "graph": rec.get("graph"), "note": note}
