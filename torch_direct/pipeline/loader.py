@@ -128,6 +128,18 @@ def _produce(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: threadi
         _put(q, _Failure(e), stop)
 
 
+def _timed_samples(it, timer: _Timer, stream):
+    """The sampled batches of ``it``, each draw timed as the ``sample`` stage on ``stream``
+    (drawing from ``it`` is the sampling; it runs in the caller's stream context)."""
+    while True:
+        t = timer.start(stream)
+        sb = next(it, None)
+        if sb is None:
+            return
+        timer.stop("sample", t, stream)
+        yield sb
+
+
 def _sample_ahead(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: threading.Event) -> None:
     """The sampling thread's body (``sample_ahead``): the epoch's sampled batches, each with an
     event recorded on the sampling stream after its work, into ``q``."""
@@ -136,13 +148,12 @@ def _sample_ahead(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: th
         if stages.cuda:
             torch.cuda.set_device(stages.device)
         ctx = torch.cuda.stream(stream) if stages.cuda else nullcontext()
+        samples = _timed_samples(it, timer, stream)
         with ctx:
             while not stop.is_set():
-                t = timer.start(stream)
-                sb = next(it, None)
+                sb = next(samples, None)
                 if sb is None:
                     break
-                timer.stop("sample", t, stream)
                 event = None
                 if stages.cuda:
                     event = torch.cuda.Event()
@@ -198,7 +209,9 @@ class _Epoch:
                                                    daemon=True,
                                                    args=(stages, sampled, self.timer, self.sq, self.stop))
             sampled = _sampled_from(self.sq, stages, self.stop)
-        self._it = stages.batch_iter(sampled, self.timer, sample_timed=self.sampler_thread is None)
+        else:  # sampled in the loader's thread, on its stream, as each batch is made
+            sampled = _timed_samples(sampled, self.timer, stages.stream)
+        self._it = stages.batch_iter(sampled, self.timer)
         if prefetch > 0:
             self.q: queue.Queue = queue.Queue(maxsize=prefetch)
             self.thread = threading.Thread(target=_produce, name="torch_direct-loader", daemon=True,
@@ -310,28 +323,26 @@ class _Stages:
             chunk = seeds[first:first + group]
             yield from (many(chunk) if many is not None else [self.sampler.sample(s) for s in chunk])
 
-    def batch_iter(self, it, timer: _Timer, sample_timed: bool = True):
-        """The epoch's ``(Batch, event)`` items, made from the sampled batches of ``it``
-        (``sample_timed``: drawing from ``it`` is the sampling itself, timed here)."""
+    def batch_iter(self, it, timer: _Timer):
+        """The epoch's ``(Batch, event)`` items, made from the sampled batches of ``it``."""
         while True:
             if self.merge <= 1:
-                item = self.make_batch(it, timer, sample_timed)
+                item = self.make_batch(it, timer)
                 if item is None:
                     return
                 yield item
                 continue
-            items = self.make_window(it, timer, sample_timed)
+            items = self.make_window(it, timer)
             if not items:
                 return
             yield from items
 
-    def make_window(self, it, timer: _Timer, sample_timed: bool = True) -> list:
+    def make_window(self, it, timer: _Timer) -> list:
         """Sample up to ``merge`` batches, gather the union of their nodes in one ordered
         gather (each row read once), and let every batch take its rows by position."""
         stream = self.stream
         ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
         with ctx:
-            t = timer.start(stream)
             sbs = []
             for _ in range(self.merge):
                 sb = next(it, None)
@@ -340,8 +351,6 @@ class _Stages:
                 sbs.append(sb)
             if not sbs:
                 return []
-            if sample_timed:
-                timer.stop("sample", t, stream)
             t = timer.start(stream)
             union, pos = torch.unique(torch.cat([sb.n_id for sb in sbs]), sorted=True, return_inverse=True)
             rows = self.features.gather(union, self.device, stream=stream)
@@ -355,17 +364,14 @@ class _Stages:
             timer.stop("gather", t, stream)
         return [self.finish_batch(sb, x, timer) for sb, x in zip(sbs, xs)]
 
-    def make_batch(self, it, timer: _Timer, sample_timed: bool = True):
+    def make_batch(self, it, timer: _Timer):
         """Sample, gather and transfer the next batch; None at the end of the epoch."""
         stream = self.stream
         ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
         with ctx:
-            t = timer.start(stream)
             sb = next(it, None)
             if sb is None:
                 return None
-            if sample_timed:
-                timer.stop("sample", t, stream)
             t = timer.start(stream)
             x = self.features.gather(sb.n_id, self.device, stream=stream)
             timer.stop("gather", t, stream)
