@@ -107,16 +107,15 @@ def _move(batch, device, non_blocking):
 @torch.no_grad()
 def evaluate(model, loader, device, num_layers, show: bool, desc: str) -> float:
     from ..graph._progress import progress
+    from .train import correct_count
     model.eval()
     correct = total = 0
     with progress(len(loader), desc, show) as bar:
         for batch in loader:
             x, edge_index, y = _move(batch, device, False)
             adjs, _ = _adjs_of(batch, edge_index, num_layers)
-            pred = model(x, adjs)[:y.numel()].argmax(1)
-            mask = y >= 0
-            correct += ((pred == y) & mask).sum()
-            total += mask.sum()
+            correct += correct_count(model(x, adjs)[:y.numel()], y)
+            total += (y >= 0).sum()
             bar.update(1)
     correct, total = int(correct), int(total)
     return correct / total if total else float("nan")
@@ -126,8 +125,8 @@ def run(args, make_loader=None) -> dict:
     """Train as ``args`` say with PyG's loader; print per-epoch lines; return a record shaped as
     ``train.run``'s. ``make_loader`` replaces :func:`neighbor_loader` (tests)."""
     from ..graph._progress import progress
-    from .train import (GNN, _StepTimer, _resolve_device, _sync, full_test_accuracy, have_pyg, load_for_run,
-                        test_ids)
+    from .train import (GNN, _StepTimer, _resolve_device, _sync, correct_count, full_test_accuracy, have_pyg,
+                        load_for_run, test_ids)
 
     make_loader = make_loader or neighbor_loader
     if make_loader is neighbor_loader:
@@ -201,7 +200,7 @@ def run(args, make_loader=None) -> dict:
                 loss.backward()
                 opt.step()
                 loss_sum += loss.detach() * n
-                correct += ((out.argmax(1) == y) & (y >= 0)).sum()  # no host wait, as in train.py
+                correct += correct_count(out, y)
                 seen += n
                 steps.stop(t)
                 bar.update(1)

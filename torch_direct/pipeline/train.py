@@ -195,8 +195,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for every pipeline with the same --data-seed); 0 = the whole test split "
                         "(default: %(default)s)")
     p.add_argument("--full-eval", action="store_true",
-                   help="also report test accuracy with full neighbourhoods (layer-wise inference over "
-                        "every node: one pass over the graph per layer)")
+                   help="also report test accuracy with full neighbourhoods (layer-wise inference over the "
+                        "test nodes' receptive field: each layer runs for the nodes the next one reads)")
     p.add_argument("--hidden", type=_positive(int), default=256, help="hidden width (default: %(default)s)")
     p.add_argument("--dropout", type=float, default=0.5, help="dropout between layers (default: %(default)s)")
     p.add_argument("--lr", type=_positive(float), default=3e-3, help="Adam learning rate (default: %(default)s)")
@@ -352,6 +352,12 @@ def _sync(device):
 
 
 @torch.no_grad()
+def correct_count(logits, y):
+    """How many labelled nodes (``y >= 0``) have their label as top logit, as a tensor on
+    ``y``'s device: no boolean-mask index, whose size would make the host wait for the batch."""
+    return ((logits.argmax(1) == y) & (y >= 0)).sum()
+
+
 def evaluate(model, loader, device, show: bool, desc: str, ctx=None) -> float:
     """Accuracy over the loader's seeds (sampled or full-neighbourhood inference); with a
     distributed context ``ctx``, over the seeds of every rank."""
@@ -360,10 +366,8 @@ def evaluate(model, loader, device, show: bool, desc: str, ctx=None) -> float:
     correct = total = 0
     with progress(len(loader), desc, show) as bar:
         for b in loader:
-            pred = model(b.x, b.adjs).argmax(1)
-            mask = b.y >= 0
-            correct += ((pred == b.y) & mask).sum()   # on the device: no wait per batch
-            total += mask.sum()
+            correct += correct_count(model(b.x, b.adjs), b.y)   # on the device: no wait per batch
+            total += (b.y >= 0).sum()
             bar.update(1)
     correct, total = int(correct), int(total)
     if ctx is not None:
@@ -452,8 +456,7 @@ def full_test_accuracy(model, ds, store, device, show: bool, ctx=None, test=None
     if test.numel():
         logits = layerwise_inference(model, ds.graph, store, device, show=show, targets=test)
         y = ds.y[test]
-        mask = y >= 0
-        correct, total = int((logits.argmax(1)[mask] == y[mask]).sum()), int(mask.sum())
+        correct, total = int(correct_count(logits, y)), int((y >= 0).sum())
     if ctx is not None:
         correct, total = ctx.all_sum([correct, total])
     return correct / total if total else float("nan")
@@ -623,9 +626,8 @@ def _run(args, ctx) -> dict:
                     loss.backward()
                     opt.step()
                     loss_sum += loss.detach() * b.batch_size
-                    # Labelled seeds predicted right, without a boolean-mask index: that would
-                    # wait for the step on the host (its size) before the next could be queued.
-                    correct += ((out.argmax(1) == b.y) & (b.y >= 0)).sum()
+                    # On the device: a host wait here would hold the next step back.
+                    correct += correct_count(out, b.y)
                     seen += b.batch_size
                     steps.stop(t)
                     bar.update(1)
