@@ -43,6 +43,12 @@ void check_indices(const index_t* idx, int64_t n, int64_t rows, bool allow_negat
                      allow_negative);
 }
 
+// The table row an index names (negative ones count from the end).
+template <typename index_t>
+inline int64_t row_of(index_t i, int64_t rows) {
+  return i < 0 ? static_cast<int64_t>(i) + rows : static_cast<int64_t>(i);
+}
+
 // Rows ahead of the copy whose cache lines are requested early (0: none).
 // Random rows of a large table each miss the caches (and often the TLB); a
 // loop that copies one row at a time may leave that latency exposed. An
@@ -59,8 +65,7 @@ constexpr int64_t kPrefetchMaxLines = 8;  // at most 512 B of a row
 template <typename index_t>
 inline void prefetch_row(const char* base, index_t i, int64_t rows, int64_t stride_bytes,
                          size_t row_bytes) {
-  const int64_t r = i < 0 ? i + rows : i;
-  const char* p = base + r * stride_bytes;
+  const char* p = base + row_of(i, rows) * stride_bytes;
   const int64_t lines = std::min<int64_t>(kPrefetchMaxLines, (static_cast<int64_t>(row_bytes) + 63) / 64);
   for (int64_t l = 0; l < lines; ++l) {
     __builtin_prefetch(p + l * 64, 0, 0);
@@ -85,8 +90,7 @@ void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Ten
         if (ahead > 0 && i + ahead < e) {
           prefetch_row(base, idx[i + ahead], rows, stride_bytes, row_bytes);
         }
-        const int64_t r = idx[i] < 0 ? idx[i] + rows : idx[i];
-        std::memcpy(dst + i * row_bytes, base + r * stride_bytes, row_bytes);
+        std::memcpy(dst + i * row_bytes, base + row_of(idx[i], rows) * stride_bytes, row_bytes);
       }
     });
     return;
@@ -98,8 +102,7 @@ void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Ten
       scalar_t* dst = out.data_ptr<scalar_t>();
       parallel_chunks(n, grain, max_threads, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
-          const int64_t r = idx[i] < 0 ? idx[i] + rows : idx[i];
-          const in_t* src = base + r * in_stride;
+          const in_t* src = base + row_of(idx[i], rows) * in_stride;
           scalar_t* o = dst + i * width;
           for (int64_t k = 0; k < width; ++k) {
             o[k] = static_cast<scalar_t>(src[k]);
