@@ -29,10 +29,10 @@ def med(fn, reps=5):
     return statistics.median(ts)
 
 
-def report(res, rec):
-    """Keep one point and print it as a JSON line."""
+def report(res, rec, digits=5):
+    """Keep one point and print it as a JSON line (floats to ``digits`` places)."""
     res.append(rec)
-    print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in rec.items()}), flush=True)
+    print(json.dumps({k: round(v, digits) if isinstance(v, float) else v for k, v in rec.items()}), flush=True)
 
 
 def write_points(out, res):
@@ -65,11 +65,8 @@ def main():
         rec["hybrid_auto"] = moved / med(lambda: torch_direct.gather(
             table, idx, cpu_threads=threads), reps=9) / 1e9
         rec["auto_fraction"] = torch_direct.hybrid_cpu_fraction(row_bytes)
-        res.append(rec)
-        print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in rec.items()}),
-              flush=True)
-    with open(out, "w") as f:
-        json.dump({"machine": torch.cuda.get_device_name(), "points": res}, f, indent=1)
+        report(res, rec, digits=2)
+    write_points(out, res)
 
 
 if __name__ == "__main__":
