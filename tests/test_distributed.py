@@ -189,12 +189,23 @@ class TestScalingBench(TestCase):
             self.assertEqual(rec["rows"][0]["speed_ratio"], 1.0)
             self.assertGreater(rec["rows"][1]["memory_ratio"], 0)
             self.assertEqual({t["name"].split(" at ")[0] for t in rec["targets"]}, {"epoch", "host memory"})
+            # the default targets are per count: 2 processes are held to 0.55x the baseline's epoch
+            self.assertEqual([t["want"] for t in rec["targets"] if t["name"] == "epoch at 2 / at 1"], ["<= 0.55"])
             self.assertTrue(open(svg).read().startswith("<svg"))
             self.assertIn("| 2 |", out.getvalue())
             # The breakdown that explains each epoch: training step and the loader's exposed stages.
             self.assertIn("| train step s | exposed s sample/gather/transfer |", out.getvalue())
             r2 = rec["rows"][1]
             self.assertIn(f"| {r2['train_step_s']:.3f} | {r2['exposed_s']['sample']:.3f}/", out.getvalue())
+
+    def test_speed_targets_per_count(self):
+        from torch_direct.bench.scaling import _speed_targets
+        self.assertEqual(_speed_targets("2:0.55,4:0.30,8:0.17"), {2: 0.55, 4: 0.30, 8: 0.17})
+        self.assertEqual(_speed_targets("0.6"), {None: 0.6})
+        for bad in ("x", "4:", "1:0.5", "2:0", "2:0.5,x"):
+            with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as cm:
+                main(["scaling", "--target-speed", bad])
+            self.assertEqual(cm.exception.code, 2)
 
     def test_bad_counts(self):
         for bad in ("0", "1,1", "x", ""):

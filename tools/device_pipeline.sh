@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
 # extension: the end-to-end pipeline figures of issue 5, in one call.
 #
-#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|profile|gather-probes|pyg-wheels|all]   (default: all = products)
+#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|profile|gather-probes|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -21,6 +21,9 @@
 # - papers: papers100M-like generated (timed), then `bench train` unified with
 #   the CSR in host memory, with `--graph gpu`, and with `--graph gpu --sample-ahead
 #   --gather-sms 66`.
+# - scaling: papers100M-like generated (unless it is there), then `bench scaling` on 1, 2, 4 and 8
+#   GPUs, as many as the machine has (CSR in host memory), then on 1 and all of them with `--graph gpu`
+#   (issues 6 and 7: results/scaling_papers100M-like*.json/.png).
 # - profile: `train --profile` on both (the top operators of 20 training steps).
 # - gather-probes: tools/gather_phase_probe.py with narrower loads, tools/hybrid_cpu_path_probe.py.
 # Everything is logged under $OUT; each step has its own time limit.
@@ -90,6 +93,17 @@ products_overlap() {
     --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000
 }
 
+# bench scaling on papers100M-like: the 1-GPU baseline in the same run as every larger count
+scaling() {
+  [ -f "$DATA/papers100M-like-seed0/meta.json" ] || papers_data   # generated once a machine
+  local n counts=1; n=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+  for k in 2 4 8; do [ "$k" -le "$n" ] && counts="$counts,$k"; done
+  run_bench scaling papers100M-like 330 --dataset papers100M-like --epochs 2 --nproc "$counts" \
+    --test-nodes 100000 --timeout 150 --plot "$OUT/scaling_papers100M-like.png"
+  [ "$n" -gt 1 ] && run_bench scaling papers100M-like_graph-gpu 200 --dataset papers100M-like --epochs 2 \
+    --nproc "1,$n" --graph gpu --test-nodes 100000 --timeout 120 --plot "$OUT/scaling_papers100M-like_graph-gpu.png"
+}
+
 case "$what" in
   pyg-wheels) build_pyg_wheels ;;
   products|all)  # every pipeline (PyG's wheels first: a compile beside the benchmark would take
@@ -104,6 +118,7 @@ case "$what" in
   gather-probes)  # the gather's open questions (docs/gather.md): load width, the hybrid's CPU path
     (cd tools && PROBE_UNITS=4,8 timeout 150 python3 gather_phase_probe.py "$OUT/gather_phase_probe.json" \
       && PROBE_PREFETCH=8,16,32 timeout 150 python3 hybrid_cpu_path_probe.py "$OUT/hybrid_cpu_path_probe.json") 2>&1 | tee "$OUT/gather_probes.log" ;;
+  scaling) scaling ;;
   profile)  # what a training step spends its time on (products-like and papers100M-like, unified)
     for ds in products-like papers100M-like; do
       timeout 150 python3 -m torch_direct train --root "$DATA" --dataset "$ds" --epochs 1 --no-progress \
@@ -120,5 +135,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, profile, gather-probes, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, profile, gather-probes, pyg-wheels, all)" >&2; exit 2 ;;
 esac
