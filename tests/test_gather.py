@@ -150,6 +150,27 @@ class TestCpuThreads(TestCase):
                 self.assertEqual(torch_direct.gather(u, idx), src[idx], atol=0, rtol=0)
                 self.assertEqual(torch_direct.gather(u[:, :32], idx), src[:, :32][idx], atol=0, rtol=0)
 
+    def test_rows_as_they_are_through_index_select(self):
+        # Same-dtype rows and non-negative indices go to index_select on torch's threads: int32
+        # and int64 indices, rows of a strided view (offset into the storage), a 1-D table, and
+        # a bad index raises our IndexError before any row is written.
+        src = torch.randn(30000, 37)
+        u = src.to("unified")
+        for dtype in (torch.int64, torch.int32):
+            idx = torch.randint(0, 30000, (70000,), dtype=dtype)
+            with self.subTest(index=dtype):
+                self.assertEqual(torch_direct.gather(u, idx), src[idx.long()], atol=0, rtol=0)
+                self.assertEqual(torch_direct.gather(u[:, 3:35], idx), src[:, 3:35][idx.long()], atol=0, rtol=0)
+                self.assertEqual(torch_direct.gather(u, idx, dtype=torch.float16), src[idx.long()].half())
+        line = torch.randn(1000)
+        self.assertEqual(torch_direct.gather(line.to("unified"), torch.tensor([5, 0, 999])), line[[5, 0, 999]])
+        idx = torch.randint(0, 30000, (70000,))
+        idx[50000] = 30000
+        out = torch.full((70000, 37), 7.0)
+        with self.assertRaisesRegex(IndexError, "index 30000 is out of bounds.*30000"):
+            torch_direct.gather(u, idx, out=out)
+        self.assertTrue(bool((out == 7.0).all()), msg="rows written before the check")
+
     def test_bad_index_in_any_chunk(self):
         # The bounds check runs over the pool's threads in chunks: a bad index is found in the
         # first, a middle or the last one, too large or too negative, before any row is read.
@@ -338,6 +359,16 @@ class TestGatherKernelCUDA(TestCase):
         for _ in range(3):  # split from measured rates, fused cast
             y = torch_direct.gather(u, idx.cuda(), cpu_threads=2, dtype=torch.float32)
             self.assertEqual(y.cpu(), ref.float())
+        # 64 B rows, non-negative indices: the CPU part in index_select pieces where its threads
+        # are torch's, else on our pool, each thread's rows copied in several pieces
+        narrow = torch.randn(50000, 16)
+        un = narrow.to("unified")
+        i2 = torch.randint(0, 50000, (300000,))
+        for threads, env in ((torch.get_num_threads(), {}), (torch.get_num_threads(), {"TORCH_DIRECT_HYBRID_OWN_POOL": "1"}),
+                             (max(1, torch.get_num_threads() - 1), {})):
+            with self.subTest(threads=threads, env=env), mock.patch.dict(os.environ, env):
+                y = torch_direct.gather(un, i2.cuda(), cpu_threads=threads, cpu_fraction=0.7)
+                self.assertEqual(y.cpu(), narrow[i2])
         self.assertEqual(torch_direct.hybrid_cpu_fraction(12344), 0.25)  # nothing measured yet
         f = torch_direct.hybrid_cpu_fraction(200)  # measured by the calls above
         self.assertNotEqual(f, 0.25)

@@ -25,7 +25,8 @@
 #   GPUs, as many as the machine has (CSR in host memory), then on 1 and all of them with `--graph gpu`
 #   (issues 6 and 7: results/scaling_papers100M-like*.json/.png).
 # - profile: `train --profile` on both (the top operators of 20 training steps).
-# - gather-probes: tools/gather_phase_probe.py with narrower loads, tools/hybrid_cpu_path_probe.py.
+# - gather-probes: tools/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
+#   then `bench gather` on a 32 GB table, 400K random indices, rows of 128-1024 B.
 # Everything is logged under $OUT; each step has its own time limit.
 set -u
 OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT/wheels"
@@ -115,9 +116,12 @@ case "$what" in
       --pyg-workers 16 --test-nodes 100000
     products_overlap ;;
   products-overlap) products_overlap ;;
-  gather-probes)  # the gather's open questions (docs/gather.md): load width, the hybrid's CPU path
-    (cd tools && PROBE_UNITS=4,8 timeout 150 python3 gather_phase_probe.py "$OUT/gather_phase_probe.json" \
-      && PROBE_PREFETCH=8,16,32 timeout 150 python3 hybrid_cpu_path_probe.py "$OUT/hybrid_cpu_path_probe.json") 2>&1 | tee "$OUT/gather_probes.log" ;;
+  gather-probes)  # the gather's open questions (docs/gather.md): the hybrid's split, then the
+    # hybrid target's points (32 GB table, 400K random indices) of bench gather
+    (cd tools && PROBE_ROWS=128,256,512,1024 timeout 200 python3 hybrid_probe.py "$OUT/hybrid_probe.json") 2>&1 \
+      | tee "$OUT/gather_probes.log"
+    timeout 240 python3 -m torch_direct.bench gather --table-gb 32 --row-bytes 128,256,512,1024 --indices 400000 \
+      --orders random --dtypes fp32 --out "$OUT/gather_32gb.json" 2>&1 | tee -a "$OUT/gather_probes.log" | tail -25 ;;
   scaling) scaling ;;
   profile)  # what a training step spends its time on (products-like and papers100M-like, unified)
     for ds in products-like papers100M-like; do

@@ -1,7 +1,7 @@
 """Device-side experiment: why the hybrid gather's CPU part is slower than cpu_centric.
 
 For a 32 GB unified table (PROBE_TABLE_GB), 400K random indices and rows of
-128 and 512 bytes, times (median of 5, GB/s of rows moved) the pieces of the
+128 and 512 bytes (PROBE_ROWS), times (median of 5, GB/s of rows moved) the pieces of the
 CPU path one at a time:
 
   cpu_centric        index_select into a pinned buffer, then one DMA (the bench's)
@@ -11,8 +11,8 @@ CPU path one at a time:
   hybrid_1.0         torch_direct.gather(cuda index, cpu_threads=T, cpu_fraction=1.0)
   idx_to_host_s      the CUDA index to the host (seconds)
 
-PROBE_PREFETCH=8,16,32 adds ours_cpu_only and hybrid_1.0 with software prefetch that
-many rows ahead.
+PROBE_PREFETCH=0,8,16 adds ours_cpu_only and hybrid_1.0 with software prefetch that
+many rows ahead (0: none, as without it).
 
 Writes JSON to argv[1].
 """
@@ -35,7 +35,7 @@ def main():
     base.uniform_(-1, 1)
     g = torch.Generator().manual_seed(0)
     res = []
-    for row_bytes in (128, 512):
+    for row_bytes in (int(x) for x in os.environ.get("PROBE_ROWS", "128,512").split(",")):
         w = row_bytes // 4
         rows = base.numel() // w
         table = base[: rows * w].view(rows, w)

@@ -1,8 +1,9 @@
 """Device-side experiment: the hybrid gather's split on a large table.
 
-For a few row sizes of a 32 GB unified table and 400K random indices, times
+For a few row sizes (PROBE_ROWS, bytes) of a 32 GB unified table and 400K random indices, times
 the GPU-centric gather, cpu_centric, naive_uva_sorted and the hybrid mode at
-fixed CPU fractions and with the automatic split. Writes JSON to argv[1].
+fixed CPU fractions (also with the CPU part on our own pool: *_own_pool) and with the
+automatic split (auto_fractions: the share each of its calls chose). Writes JSON to argv[1].
 """
 import json
 import os
@@ -50,7 +51,7 @@ def main():
     base.uniform_(-1, 1)
     g = torch.Generator().manual_seed(0)
     res = []
-    for row_bytes in (128, 512, 1024):
+    for row_bytes in (int(x) for x in os.environ.get("PROBE_ROWS", "128,512,1024").split(",")):
         rows = nbytes // row_bytes
         table = base[: rows * row_bytes // 4].view(rows, row_bytes // 4)
         idx = torch.randint(0, rows, (400000,), generator=g).cuda()
@@ -59,11 +60,23 @@ def main():
         rec = {"row_bytes": row_bytes, "table_gb": gb}
         for name in ("ours", "cpu_centric", "naive_uva_sorted"):
             rec[name] = moved / med(m[name]) / 1e9
-        for f in (0.0, 0.25, 0.4, 0.55, 0.7, 1.0):
+        for f in (0.0, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0):
             rec[f"hybrid_{f}"] = moved / med(lambda: torch_direct.gather(
                 table, idx, cpu_threads=threads, cpu_fraction=f)) / 1e9
-        rec["hybrid_auto"] = moved / med(lambda: torch_direct.gather(
-            table, idx, cpu_threads=threads), reps=9) / 1e9
+        # the CPU part on our own pool, where it would take index_select (the same run's comparison)
+        os.environ["TORCH_DIRECT_HYBRID_OWN_POOL"] = "1"
+        for f in (0.55, 0.85, 1.0):
+            rec[f"hybrid_{f}_own_pool"] = moved / med(lambda: torch_direct.gather(
+                table, idx, cpu_threads=threads, cpu_fraction=f)) / 1e9
+        del os.environ["TORCH_DIRECT_HYBRID_OWN_POOL"]
+        chosen = []
+
+        def auto():
+            chosen.append(round(torch_direct.hybrid_cpu_fraction(row_bytes), 3))
+            return torch_direct.gather(table, idx, cpu_threads=threads)
+
+        rec["hybrid_auto"] = moved / med(auto, reps=9) / 1e9
+        rec["auto_fractions"] = chosen
         rec["auto_fraction"] = torch_direct.hybrid_cpu_fraction(row_bytes)
         report(res, rec, digits=2)
     write_points(out, res)

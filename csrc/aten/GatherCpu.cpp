@@ -51,11 +51,12 @@ inline int64_t row_of(index_t i, int64_t rows) {
 
 // Rows ahead of the copy whose cache lines are requested early (0: none).
 // Random rows of a large table each miss the caches (and often the TLB); a
-// loop that copies one row at a time may leave that latency exposed. An
-// experiment, off unless TORCH_DIRECT_CPU_GATHER_PREFETCH gives a distance:
-// on the 16-core GPU machine our gather moved 128 B rows at half the rate of
-// index_select (tools/hybrid_cpu_path_probe.py), on a 2-core machine prefetch
-// changed nothing.
+// loop that copies one row at a time may leave that latency exposed. Off
+// unless TORCH_DIRECT_CPU_GATHER_PREFETCH gives a distance: on the 16-core
+// H200 machine (tools/hybrid_cpu_path_probe.py, 32 GB table, 400K random
+// rows) 16 rows ahead sped the CPU-only gather of 128 B rows up 1.6x in one
+// run and not at all in another, slowed 512 B rows, and slowed the hybrid
+// gather's CPU part at every width (128 B: 14.7 GB/s against 20.1 without).
 int64_t prefetch_distance() {
   const char* env = std::getenv("TORCH_DIRECT_CPU_GATHER_PREFETCH");
   return env == nullptr ? 0 : std::max<int64_t>(0, std::atoll(env));
@@ -72,22 +73,49 @@ inline void prefetch_row(const char* base, index_t i, int64_t rows, int64_t stri
   }
 }
 
+// Each thread's rows in pieces of about this many bytes of out, each handed to
+// after_chunk as soon as it is written: the hybrid gather's copies to the GPU
+// then start while every thread is still gathering (whole per-thread chunks
+// would all finish at about the same time, leaving nothing to overlap).
+constexpr int64_t kAfterChunkBytes = int64_t(1) << 20;
+
+// Runs copy(b, e) over [0, n) on the pool, and after_chunk (if any) after each
+// piece of it.
+template <typename F>
+void for_pieces(int64_t n, int64_t grain, int64_t max_threads, int64_t out_row_bytes,
+                const std::function<void(int64_t, int64_t)>& after_chunk, const F& copy) {
+  const int64_t piece = std::max<int64_t>(1, kAfterChunkBytes / std::max<int64_t>(out_row_bytes, 1));
+  parallel_chunks(n, grain, max_threads, [&](int64_t b, int64_t e) {
+    if (!after_chunk) {
+      copy(b, e, e);
+      return;
+    }
+    for (int64_t s = b; s < e; s += piece) {
+      const int64_t t = std::min(e, s + piece);
+      copy(s, t, e);
+      after_chunk(s, t);
+    }
+  });
+}
+
 template <typename index_t>
 void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Tensor& out,
-                 int64_t max_threads) {
+                 int64_t max_threads, const std::function<void(int64_t, int64_t)>& after_chunk) {
   const int64_t rows = table.size(0);
   const int64_t width = row_width(table);
   const int64_t in_stride = table.stride(0);
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
+  const int64_t out_row_bytes = width * out.element_size();
   if (out.scalar_type() == table.scalar_type()) {
     const size_t row_bytes = static_cast<size_t>(width) * table.element_size();
     const char* base = static_cast<const char*>(table.const_data_ptr());
     char* dst = static_cast<char*>(out.data_ptr());
     const int64_t stride_bytes = in_stride * table.element_size();
     const int64_t ahead = prefetch_distance();
-    parallel_chunks(n, grain, max_threads, [&](int64_t b, int64_t e) {
+    // rows [b, e) of a thread's chunk that ends at `end` (prefetch runs on into the next piece)
+    for_pieces(n, grain, max_threads, out_row_bytes, after_chunk, [&](int64_t b, int64_t e, int64_t end) {
       for (int64_t i = b; i < e; ++i) {
-        if (ahead > 0 && i + ahead < e) {
+        if (ahead > 0 && i + ahead < end) {
           prefetch_row(base, idx[i + ahead], rows, stride_bytes, row_bytes);
         }
         std::memcpy(dst + i * row_bytes, base + row_of(idx[i], rows) * stride_bytes, row_bytes);
@@ -100,7 +128,7 @@ void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Ten
     const in_t* base = table.const_data_ptr<in_t>();
     AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, out.scalar_type(), "gather_out", [&] {
       scalar_t* dst = out.data_ptr<scalar_t>();
-      parallel_chunks(n, grain, max_threads, [&](int64_t b, int64_t e) {
+      for_pieces(n, grain, max_threads, out_row_bytes, after_chunk, [&](int64_t b, int64_t e, int64_t) {
         for (int64_t i = b; i < e; ++i) {
           const in_t* src = base + row_of(idx[i], rows) * in_stride;
           scalar_t* o = dst + i * width;
@@ -128,7 +156,8 @@ int64_t row_width(const at::Tensor& table) {
 // (len(index), *table.shape[1:]) in any dtype.
 at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                             int64_t max_threads, bool wait_for_gpu, bool allow_negative,
-                            bool indices_checked) {
+                            bool indices_checked,
+                            const std::function<void(int64_t, int64_t)>& after_chunk) {
   TORCH_CHECK(is_unified(table), "gather_rows_cpu: expected a unified table");
   TORCH_CHECK(index.is_cpu() && index.dim() == 1 &&
                   (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt),
@@ -147,11 +176,35 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
   const int64_t rows = table.size(0);
   TORCH_CHECK(out.numel() == idx.numel() * row_width(table),
               "gather_rows_cpu: out has the wrong number of elements");
+  const int64_t n = idx.numel();
+  // Rows copied as they are, on all of torch's intra-op threads: index_select
+  // does it faster. On the 16-core H200 machine it moved 400K random rows of a
+  // 32 GB table into pinned memory at 44 / 47 / 32 GB/s (128 / 256 / 512 B)
+  // where our loop moved 23 / 26-28 / 29-30 (tools/hybrid_cpu_path_probe.py).
+  // (One difference: its OpenMP threads wait for work spinning, ours sleep.)
+  // Negative indices (which index_select refuses), a cast, a thread cap below
+  // torch's and a caller that wants each piece as it is written (after_chunk)
+  // take our loop.
+  const bool torch_threads = max_threads <= 0 || max_threads >= at::get_num_threads();
+  if (n > 0 && rows > 0 && !after_chunk && torch_threads && out.scalar_type() == table.scalar_type()) {
+    const auto [lo_t, hi_t] = at::aminmax(idx);
+    const int64_t lo = lo_t.item<int64_t>();
+    if (!indices_checked) {
+      check_index_bounds(lo, hi_t.item<int64_t>(), rows, "gather", allow_negative);
+      indices_checked = true;
+    }
+    if (lo >= 0) {
+      const int64_t width = row_width(table);
+      at::Tensor dst = out.view({n, width});
+      at::index_select_out(dst, host.as_strided({rows, width}, {host.stride(0), 1}), 0, idx);
+      return out;
+    }
+  }
   AT_DISPATCH_INDEX_TYPES(idx.scalar_type(), "gather_rows_cpu", [&] {
     if (!indices_checked) {
-      check_indices<index_t>(idx.const_data_ptr<index_t>(), idx.numel(), rows, allow_negative, max_threads);
+      check_indices<index_t>(idx.const_data_ptr<index_t>(), n, rows, allow_negative, max_threads);
     }
-    gather_rows<index_t>(host, idx.const_data_ptr<index_t>(), idx.numel(), out, max_threads);
+    gather_rows<index_t>(host, idx.const_data_ptr<index_t>(), n, out, max_threads, after_chunk);
   });
   return out;
 }

@@ -25,6 +25,7 @@
 #include "c10_allocator/Text.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -478,14 +479,15 @@ std::mutex& rates_mutex() {
   static std::mutex m;
   return m;
 }
+// The CPU part gathered by index_select goes in up to kHybridPieces pieces of
+// at least kHybridPieceBytes (fewer: less of the copy overlapped; smaller:
+// more of each piece's start-up).
+constexpr int64_t kHybridPieces = 8;
+constexpr int64_t kHybridPieceBytes = int64_t(4) << 20;
 std::map<std::pair<int, int64_t>, HybridRates>& rates() {
   static std::map<std::pair<int, int64_t>, HybridRates> r;
   return r;
 }
-// The CPU part is gathered and copied in up to this many pieces of at least
-// this many rows (fewer pieces: less overlap; smaller ones: more dispatches).
-constexpr int64_t kHybridPieces = 4;
-constexpr int64_t kHybridPieceRows = 8192;
 
 } // namespace
 
@@ -549,24 +551,48 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   C10_CUDA_CHECK(cudaEventRecord(g1, stream));
 
   // CPU part: entries [0, k) into pinned staging, copied to the GPU on a side
-  // stream piece by piece: the DMA of one piece runs while the CPU threads
-  // gather the next.
+  // stream piece by piece while the next pieces are gathered.
   const auto t0 = std::chrono::steady_clock::now();
   if (k > 0) {
     at::Tensor staging = at::empty({k, width}, out.options().device(c10::kCPU).pinned_memory(true));
-    auto side = c10::cuda::getStreamFromPool(false, idx.device().index());
+    const c10::DeviceIndex dev = idx.device().index();
+    auto side = c10::cuda::getStreamFromPool(false, dev);
     C10_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), g0, 0));  // out is ready on `stream`
-    const int64_t pieces = std::min<int64_t>(kHybridPieces, std::max<int64_t>(1, k / kHybridPieceRows));
-    const int64_t per = (k + pieces - 1) / pieces;
-    for (int64_t b = 0; b < k; b += per) {
-      const int64_t len = std::min(per, k - b);
-      at::Tensor piece = staging.narrow(0, b, len);
+    const int64_t row_out = width * static_cast<int64_t>(out.element_size());
+    char* dst = static_cast<char*>(out2d.data_ptr());
+    const char* src = static_cast<const char*>(staging.const_data_ptr());
+    auto copy_rows = [&](int64_t b, int64_t e) {
+      c10::cuda::CUDAGuard g(dev);  // a pool thread's current device may be another
+      C10_CUDA_CHECK(cudaMemcpyAsync(dst + b * row_out, src + b * row_out, (e - b) * row_out,
+                                     cudaMemcpyHostToDevice, side.stream()));
+    };
+    try {
       // The GPU's check above covered the whole index.
-      gather_rows_cpu(table, idx_host.narrow(0, b, len), piece, cpu_threads, /*wait_for_gpu=*/false,
-                      /*allow_negative=*/true, /*indices_checked=*/true);
-      c10::cuda::CUDAStreamGuard sg(side);
-      out2d.narrow(0, b, len).copy_(piece, /*non_blocking=*/true);
+      // TORCH_DIRECT_HYBRID_OWN_POOL=1 keeps our pool (for experiments: tools/hybrid_probe.py)
+      if (s.min >= 0 && out.scalar_type() == table.scalar_type() && cpu_threads >= at::get_num_threads() &&
+          std::getenv("TORCH_DIRECT_HYBRID_OWN_POOL") == nullptr) {
+        // gather_rows_cpu hands these to index_select on torch's threads (its
+        // fastest way): a piece at a time, each copied while the next is gathered
+        const int64_t pieces =
+            std::min<int64_t>(kHybridPieces, std::max<int64_t>(1, k * row_out / kHybridPieceBytes));
+        const int64_t per = (k + pieces - 1) / pieces;
+        for (int64_t b = 0; b < k; b += per) {
+          const int64_t len = std::min(per, k - b);
+          at::Tensor piece = staging.narrow(0, b, len);
+          gather_rows_cpu(table, idx_host.narrow(0, b, len), piece, cpu_threads, /*wait_for_gpu=*/false,
+                          /*allow_negative=*/true, /*indices_checked=*/true);
+          copy_rows(b, b + len);
+        }
+      } else {
+        // our threads, each starting the copy of every piece it has written
+        gather_rows_cpu(table, idx_host, staging, cpu_threads, /*wait_for_gpu=*/false,
+                        /*allow_negative=*/true, /*indices_checked=*/true, copy_rows);
+      }
+    } catch (...) {
+      cudaStreamSynchronize(side.stream());  // no copy may still read staging once it is released
+      throw;
     }
+    // staging is released at the end of this block: its copies are waited for below, before that
     c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), side);
     C10_CUDA_CHECK(cudaEventRecord(c1, side.stream()));
     C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), c1, 0));

@@ -9,6 +9,7 @@
 #include <c10/core/Scalar.h>
 #include <c10/core/Storage.h>
 
+#include <functional>
 #include <optional>
 
 namespace c10 {
@@ -77,9 +78,13 @@ int64_t claim_structured_ops(c10::DispatchKey key);
 // GPU work recorded on the table first unless told not to. Checks every index
 // before any read, unless the caller says it has checked them all
 // (indices_checked: the hybrid gather, whose GPU check covered the index).
+// after_chunk, when given, is called on the thread that gathered them with
+// each range [b, e) of out's rows as soon as they are written (the hybrid
+// gather starts their copy to the GPU there, while other threads still gather).
 at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                             int64_t max_threads = 0, bool wait_for_gpu = true,
-                            bool allow_negative = true, bool indices_checked = false);
+                            bool allow_negative = true, bool indices_checked = false,
+                            const std::function<void(int64_t, int64_t)>& after_chunk = nullptr);
 
 // Row gather into a CUDA tensor (GatherCuda.cu; CUDA builds only).
 // kAuto sorts the rows to read when the index is unsorted and has at least
