@@ -27,7 +27,9 @@
 # - profile: `train --profile` on both (the top operators of 20 training steps).
 # - gather-probes: tools/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
 #   then `bench gather` on a 32 GB table, 400K random indices, rows of 128-1024 B.
-# Everything is logged under $OUT; each step has its own time limit.
+# Everything is logged under $OUT; each step has its own time limit. A call that runs several
+# steps writes more files than the device tool brings back (eight): end it with
+# `bash tools/device_bundle.sh`, which packs them into one archive.
 set -u
 OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT/wheels"
 R="$PWD"
