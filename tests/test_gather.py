@@ -195,22 +195,32 @@ class TestHybridPolicy(TestCase):
 
     replay = staticmethod(lambda calls: torch_direct._C._hybrid_policy_replay(calls))
 
+    # The first call pays one-time costs (pinned staging, threads): a slow one, not folded in.
+    WARM_UP = (1000, 250, 1.0, 0.01)
+
     def test_split_where_the_pair_beats_the_gpu_alone(self):
         picks = self.replay([
+            self.WARM_UP,
             (1000, 250, 0.01, 0.01),   # together: CPU 25K rows/s, GPU 75K rows/s
             (1000, 0, 0.0, 0.0125),    # the GPU alone: 80K rows/s, less than the pair's 100K
         ])
-        self.assertEqual(picks[0], 0.25)   # nothing measured: the default
-        self.assertEqual(picks[1], 0.0)    # both paths known: now the GPU alone, once
-        self.assertAlmostEqual(picks[2], 0.25)  # both finish together at 25% on the CPU
+        self.assertEqual(picks[:2], [0.25, 0.25])  # nothing measured (a warm-up only): the default
+        self.assertEqual(picks[2], 0.0)    # both paths known: now the GPU alone, once
+        self.assertAlmostEqual(picks[3], 0.25)  # both finish together at 25% on the CPU
+
+    def test_first_call_is_not_folded_in(self):
+        # Folded in, the warm-up's CPU rate (250 rows/s) would halve the CPU's estimate (a split
+        # of 1/3); without it the split is the one the later calls show.
+        picks = self.replay([self.WARM_UP, (1000, 500, 0.005, 0.005), (1000, 0, 0.0, 0.01)])
+        self.assertAlmostEqual(picks[-1], 0.5)
 
     def test_gpu_alone_where_the_pair_is_slower(self):
         # A shared link: together 25K + 50K rows/s, the GPU alone 100K rows/s.
-        calls = [(1000, 250, 0.01, 0.015), (1000, 0, 0.0, 0.01)]
+        calls = [self.WARM_UP, (1000, 250, 0.01, 0.015), (1000, 0, 0.0, 0.01)]
         picks = self.replay(calls + [(1000, 0, 0.0, 0.01)] * 30)
-        self.assertEqual(picks[2:4], [0.0, 0.0])
+        self.assertEqual(picks[3:5], [0.0, 0.0])
         # One call in 16 tries the split again (1/3 of the rows to the CPU), the rest stay on the GPU.
-        tries = [i for i, f in enumerate(picks) if i >= 2 and f > 0]
+        tries = [i for i, f in enumerate(picks) if i >= 3 and f > 0]
         self.assertEqual(len(tries), 2)
         self.assertEqual(tries[1] - tries[0], 16)
         self.assertAlmostEqual(picks[tries[0]], 1 / 3)
@@ -219,8 +229,8 @@ class TestHybridPolicy(TestCase):
         self.assertGreater(picks[-1], 0.05)
 
     def test_split_stays_within_bounds(self):
-        self.assertEqual(self.replay([(1000, 500, 100.0, 1e-4), (1000, 0, 0.0, 1e-1)])[-1], 0.05)
-        self.assertEqual(self.replay([(1000, 500, 1e-4, 100.0), (1000, 0, 0.0, 100.0)])[-1], 0.95)
+        self.assertEqual(self.replay([self.WARM_UP, (1000, 500, 100.0, 1e-4), (1000, 0, 0.0, 1e-1)])[-1], 0.05)
+        self.assertEqual(self.replay([self.WARM_UP, (1000, 500, 1e-4, 100.0), (1000, 0, 0.0, 100.0)])[-1], 0.95)
 
 
 class TestGatherCPU(GatherChecks, TestCase):

@@ -554,7 +554,10 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   // stream piece by piece while the next pieces are gathered.
   const auto t0 = std::chrono::steady_clock::now();
   if (k > 0) {
-    at::Tensor staging = at::empty({k, width}, out.options().device(c10::kCPU).pinned_memory(true));
+    // sized for the whole index whatever the split, so that the host allocator's cached block
+    // serves every later call of this size (a new split would otherwise often mean a new block)
+    at::Tensor staging =
+        at::empty({n, width}, out.options().device(c10::kCPU).pinned_memory(true)).narrow(0, 0, k);
     const c10::DeviceIndex dev = idx.device().index();
     auto side = c10::cuda::getStreamFromPool(false, dev);
     C10_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), g0, 0));  // out is ready on `stream`

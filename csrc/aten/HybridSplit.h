@@ -29,8 +29,16 @@ constexpr double kDefaultCpuFraction = 0.25;
 constexpr int64_t kHybridReprobeEvery = 16;
 
 // Folds one call's timings in: k of n rows went to the CPU path, which took
-// cpu_s seconds; the GPU path's n - k rows took gpu_s.
+// cpu_s seconds; the GPU path's n - k rows took gpu_s. The first call for a
+// (GPU, row size) is counted but not folded in: it pays one-time costs (the
+// pinned staging allocated, threads started) that would make the CPU path
+// look several times slower than it is, and a rate that low can have the next
+// calls give the GPU every row (the pair slower than the GPU alone) until the
+// next try of the split.
 inline void record_hybrid_call(HybridRates& r, int64_t n, int64_t k, double cpu_s, double gpu_s) {
+  if (r.calls++ == 0) {
+    return;
+  }
   auto blend = [](double old, double now) { return old > 0 ? 0.5 * old + 0.5 * now : now; };
   if (k == 0) {
     if (gpu_s > 0) {
@@ -44,11 +52,10 @@ inline void record_hybrid_call(HybridRates& r, int64_t n, int64_t k, double cpu_
       r.gpu = blend(r.gpu, static_cast<double>(n - k) / gpu_s);
     }
   }
-  ++r.calls;
 }
 
-// The CPU share of the next call: first kDefaultCpuFraction (both paths
-// measured together), then the GPU alone once, then the split that has both
+// The CPU share of the next call: first kDefaultCpuFraction (twice: the
+// first call is a warm-up; both paths measured together), then the GPU alone once, then the split that has both
 // paths finish together (within [0.05, 0.95], so both keep being measured),
 // or 0 while the pair moves fewer rows per second than the GPU alone.
 inline double choose_hybrid_fraction(const HybridRates& r) {
