@@ -309,14 +309,16 @@ class TestBenchTrainGPU(_Tiny):
             self.assertGreater(rec["ratios"][k], 0)
 
     def test_gather_sms_only_for_unified(self):
-        # --gather-sms caps unified's gather kernel; the other pipelines run as they are and say so.
+        # --gather-sms caps unified's gather kernel and --gather-cpu-threads makes it hybrid; the
+        # other pipelines run as they are and say so.
         path = os.path.join(self.tmp.name, "sms.json")
         rc, out, err = bench("--root", self.tmp.name, *FAST, "--device", "cpu", "--gather-sms", "4",
-                             "--pipelines", "unified,cpu_centric", "--out", path)
+                             "--gather-cpu-threads", "2", "--pipelines", "unified,cpu_centric", "--out", path)
         self.assertEqual(rc, 0, err)
         rows = {r["pipeline"]: r for r in json.load(open(path))["rows"]}
         self.assertEqual(rows["unified"]["status"], "ok")
         self.assertIn("--gather-sms applies to unified, not cpu_centric", rows["cpu_centric"]["note"])
+        self.assertIn("--gather-cpu-threads applies to unified, not cpu_centric", rows["cpu_centric"]["note"])
 
     @requires_gpu
     def test_graph_on_the_gpu_only_for_the_gpu_sampler(self):

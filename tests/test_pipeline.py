@@ -80,6 +80,15 @@ class TestFeatureStores(TestCase):
         for bad in (0, -2, 1.5, True):
             with self.assertRaisesRegex(ValueError, "max_sms must be a positive int"):
                 make_feature_store("unified", self.x, "cpu", max_sms=bad)
+        with self.assertRaisesRegex(ValueError, "cpu_threads applies to the 'unified' store only"):
+            make_feature_store("cpu_centric", self.x, "cpu", cpu_threads=2)
+        for bad in (-1, 1.5, True):
+            with self.assertRaisesRegex(ValueError, "cpu_threads must be an int >= 0"):
+                make_feature_store("unified", self.x, "cpu", cpu_threads=bad)
+        # On the CPU the rows are all gathered there: no hybrid share, the same rows.
+        store = make_feature_store("unified", self.x, "cpu", cpu_threads=2)
+        self.assertNotIn("cpu_threads", store.stats())
+        self.assertEqual(store.gather(self.idx), self.x[self.idx])
         for kind in KINDS:
             store = make_feature_store(kind, self.x, "cpu")
             with self.assertRaisesRegex(TypeError, "1-D int32/int64"):
@@ -151,6 +160,21 @@ class TestFeatureStores(TestCase):
         self.assertEqual(store.stats()["cache_hit_rate"], 4 / 7)
         with self.assertRaisesRegex(ValueError, "degree"):
             make_feature_store("unified", self.x, "cuda", cache_bytes=1024)
+
+    @requires_gpu
+    def test_hybrid_gathers_keep_rows(self):
+        # CPU threads take a share of each gather (with and without the cache, with a cast from
+        # fp16 done on the GPU after the hybrid gather): the same rows.
+        idx = torch.randint(0, 500, (3000,)).cuda()
+        half = self.x.half()
+        for kw in ({}, {"cache_bytes": 100 * 12 * 2, "degree": torch.arange(500)}):
+            for x, dtype in ((self.x, None), (half, torch.float32)):
+                store = make_feature_store("unified", x, "cuda", dtype, cpu_threads=2, **kw)
+                self.assertEqual(store.stats()["cpu_threads"], 2)
+                for _ in range(3):   # the first calls at the default share, then measured ones
+                    got = store.gather(idx)
+                    self.assertEqual(got.dtype, dtype or x.dtype)
+                    self.assertEqual(got.cpu(), x[idx.cpu()].to(got.dtype), msg=str((kw.keys(), x.dtype)))
 
     @requires_gpu
     def test_gather_capped_to_a_few_sms(self):

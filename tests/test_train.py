@@ -124,7 +124,7 @@ class TestTrain(TestCase):
             main(["train", "--help"])
         self.assertEqual(cm.exception.code, 0)
         for opt in ("--pipeline", "--fanouts", "--model", "--json", "--plot", "--device", "--cache-mb", "--prefetch",
-                    "--graph", "--gather-sms"):
+                    "--graph", "--gather-sms", "--gather-cpu-threads"):
             self.assertIn(opt, out.getvalue())
         for bad in (["--fanouts", "15,x"], ["--fanouts", "0"], ["--epochs", "0"], ["--model", "gcn"],
                     ["--pipeline", "nvme"], ["--batch-size", "-3"]):
@@ -136,6 +136,8 @@ class TestTrain(TestCase):
                          (["--device", "tpu"], "not a device"),
                          (["--cache-mb", "8", "--pipeline", "cpu_centric"], "unified only"),
                          (["--gather-sms", "8", "--pipeline", "gpu_resident"], "--gather-sms applies to --pipeline unified only"),
+                         (["--gather-cpu-threads", "2", "--pipeline", "cpu_centric"],
+                          "--gather-cpu-threads applies to --pipeline unified only"),
                          (["--graph", "gpu", "--device", "cpu"], "--graph gpu needs a CUDA device"),
                          (["--sample-ahead", "--prefetch", "0"], "--sample-ahead needs --prefetch > 0"),
                          (["--graph", "gpu", "--sampler", "cpu", "--device", "cpu"], "needs a CUDA device")):

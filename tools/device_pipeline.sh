@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
 # extension: the end-to-end pipeline figures of issue 5, in one call.
 #
-#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|profile|gather-probes|gather-shapes|pyg-wheels|all]   (default: all = products)
+#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|profile|gather-probes|gather-shapes|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -25,6 +25,8 @@
 #   GPUs, as many as the machine has (CSR in host memory), then on 1 and all of them with `--graph gpu`
 #   (issues 6 and 7: results/scaling_papers100M-like*.json/.png).
 # - profile: `train --profile` on both (the top operators of 20 training steps).
+# - papers-levers: papers100M-like, unified with the CSR on the GPU, with the hybrid gather
+#   (`--gather-cpu-threads 14`), an 8 GiB cache of the hottest rows, and both.
 # - gather-shapes: tools/gather_shape_probe.py (CuPy read kernels of other shapes against stock
 #   index_select on a sorted index, 32 GB table).
 # - gather-probes: tools/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
@@ -128,6 +130,14 @@ case "$what" in
       --orders random --dtypes fp32 --out "$OUT/gather_32gb.json" 2>&1 | tee -a "$OUT/gather_probes.log" | tail -25 ;;
   gather-shapes)  # which shape of read kernel reaches stock index_select's rate (docs/gather.md)
     (cd tools && timeout 240 python3 gather_shape_probe.py "$OUT/gather_shape_probe.json") 2>&1 | tee "$OUT/gather_shapes.log" ;;
+  papers-levers)  # the levers on the gather's PCIe time, papers100M-like, CSR on the GPU (issue 5's <= 4 s)
+    [ -f "$DATA/papers100M-like-seed0/meta.json" ] || papers_data
+    bench papers100M-like_graph-gpu_hybrid 170 --dataset papers100M-like --epochs 2 --pipelines unified \
+      --graph gpu --gather-cpu-threads 14 --test-nodes 100000
+    bench papers100M-like_graph-gpu_cache8g 170 --dataset papers100M-like --epochs 2 --pipelines unified \
+      --graph gpu --cache-mb 8192 --test-nodes 100000
+    bench papers100M-like_graph-gpu_cache8g_hybrid 170 --dataset papers100M-like --epochs 2 --pipelines unified \
+      --graph gpu --cache-mb 8192 --gather-cpu-threads 14 --test-nodes 100000 ;;
   scaling) scaling ;;
   profile)  # what a training step spends its time on (products-like and papers100M-like, unified)
     for ds in products-like papers100M-like; do
@@ -145,5 +155,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, profile, gather-probes, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, profile, gather-probes, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
 esac

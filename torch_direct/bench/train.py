@@ -144,6 +144,9 @@ def _run_one(name: str, args, device) -> dict:
     if args.gather_sms and name != "unified":
         a.gather_sms = 0
         notes.append(f"all SMs: --gather-sms applies to unified, not {name}")
+    if args.gather_cpu_threads and name != "unified":
+        a.gather_cpu_threads = 0
+        notes.append(f"GPU-centric: --gather-cpu-threads applies to unified, not {name}")
     if args.graph == "gpu" and name in ("cpu_centric", "pyg"):
         a.graph = "unified"   # both sample on the CPU, from the CSR in host memory, by definition
         notes.append(f"CSR in host memory: {name} samples on the CPU")

@@ -105,19 +105,27 @@ class UnifiedFeatureStore(FeatureStore):
     bytes are copied to the GPU and served from there; the others are read in place.
     ``max_sms`` caps the streaming multiprocessors the gather kernel runs on (None: all),
     so that a training step queued beside a gather is not left waiting for it.
+    ``cpu_threads`` (GPU device only; 0: off) makes each gather hybrid: that many CPU threads
+    gather a share of the rows into pinned memory, copied to the GPU while the kernel reads
+    the rest (``torch_direct.gather(..., cpu_threads=)``, its share chosen from measured rates).
+    Rows are then gathered in the table's dtype and cast on the GPU, so that the CPU share moves
+    the table's bytes, not the wider output's.
     """
 
     kind = "unified"
 
     def __init__(self, x, device, dtype=None, *, cache_bytes: int = 0, degree=None,
-                 pin_inplace: bool = False, max_sms: int | None = None):
+                 pin_inplace: bool = False, max_sms: int | None = None, cpu_threads: int = 0):
         super().__init__(x, device, dtype)
         import torch_direct
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ValueError(f"UnifiedFeatureStore: cache_bytes must be an int >= 0, got {cache_bytes!r}")
         if max_sms is not None and (isinstance(max_sms, bool) or not isinstance(max_sms, int) or max_sms <= 0):
             raise ValueError(f"UnifiedFeatureStore: max_sms must be a positive int or None, got {max_sms!r}")
+        if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 0:
+            raise ValueError(f"UnifiedFeatureStore: cpu_threads must be an int >= 0, got {cpu_threads!r}")
         self.max_sms = max_sms
+        self.cpu_threads = cpu_threads if self.device.type == "cuda" else 0  # the CPU path has no GPU share
         if x.device.type == "unified":
             self.table = x
         elif pin_inplace:
@@ -144,14 +152,21 @@ class UnifiedFeatureStore(FeatureStore):
                 self.cache_rows = k
                 torch.cuda.synchronize(self.device)   # gathers on side streams read the cache
 
-    def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
+    def _read(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows ``idx`` of the table (``idx`` on the output's device), in the store's dtype."""
         import torch_direct
+        if self.cpu_threads and idx.device.type == "cuda":
+            y = torch_direct.gather(self.table, idx, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
+            return y.to(self.dtype)
+        return torch_direct.gather(self.table, idx, dtype=self.dtype, max_sms=self.max_sms)
+
+    def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
         device = self.device if device is None else _check_device(device)
         n_id = _check_index(n_id, self.num_rows)
         with _stream_ctx(stream, device):
             idx = n_id.to(device, non_blocking=True)
             if self.cache is None or device != self.device:
-                return torch_direct.gather(self.table, idx, dtype=self.dtype, max_sms=self.max_sms)
+                return self._read(idx)
             slot = self.slot[idx]
             hit = slot >= 0
             out = torch.empty(idx.numel(), self.dim, dtype=self.dtype, device=device)
@@ -163,13 +178,15 @@ class UnifiedFeatureStore(FeatureStore):
                 hit_pos = torch.nonzero(hit).squeeze(1)
                 out[hit_pos] = self.cache[slot[hit_pos].long()]
             if miss.numel():
-                out[miss] = torch_direct.gather(self.table, idx[miss], dtype=self.dtype, max_sms=self.max_sms)
+                out[miss] = self._read(idx[miss])
             return out
 
     def stats(self) -> dict:
         s = {"kind": self.kind, "cache_rows": self.cache_rows}
         if self.max_sms is not None:
             s["max_sms"] = self.max_sms
+        if self.cpu_threads:
+            s["cpu_threads"] = self.cpu_threads
         if self.cache is not None:
             s["cache_hit_rate"] = self.hits / self.lookups if self.lookups else 0.0
         return s
@@ -228,13 +245,14 @@ class GPUResidentFeatureStore(FeatureStore):
 
 
 def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, cache_bytes: int = 0,
-                       degree=None, pin_inplace: bool = False, max_sms: int | None = None) -> FeatureStore:
+                       degree=None, pin_inplace: bool = False, max_sms: int | None = None,
+                       cpu_threads: int = 0) -> FeatureStore:
     """A store of ``kind`` (one of :data:`KINDS`) over ``x``, serving ``device``
     (``pin_inplace``: the unified store maps ``x``'s own pages instead of copying them)."""
     if kind == "unified":
         return UnifiedFeatureStore(x, device, dtype, cache_bytes=cache_bytes, degree=degree,
-                                   pin_inplace=pin_inplace, max_sms=max_sms)
-    for name, value in (("cache_bytes", cache_bytes), ("max_sms", max_sms)):
+                                   pin_inplace=pin_inplace, max_sms=max_sms, cpu_threads=cpu_threads)
+    for name, value in (("cache_bytes", cache_bytes), ("max_sms", max_sms), ("cpu_threads", cpu_threads)):
         if value:
             raise ValueError(f"{name} applies to the 'unified' store only, not {kind!r}")
     if kind == "cpu_centric":

@@ -216,6 +216,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gather-sms", type=_nonneg_int, default=0,
                    help="unified pipeline on a GPU: streaming multiprocessors the feature gather may use, "
                         "leaving the others to the training step it overlaps; 0 = all (default: %(default)s)")
+    p.add_argument("--gather-cpu-threads", type=_nonneg_int, default=0,
+                   help="unified pipeline on a GPU: make each feature gather hybrid, that many CPU threads "
+                        "gathering a share of the rows into pinned memory (copied to the GPU while the "
+                        "kernel reads the rest; the share follows measured rates); they compete with a "
+                        "CPU sampler's threads; 0 = the GPU reads every row (default: %(default)s)")
     p.add_argument("--prefetch", type=_nonneg_int, default=2,
                    help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
     p.add_argument("--sample-ahead", action="store_true",
@@ -522,6 +527,11 @@ def _run(args, ctx) -> dict:
         raise ValueError("--gather-sms applies to --pipeline unified only (its zero-copy gather kernel)")
     if args.gather_sms and device.type != "cuda":
         say("train: --gather-sms has no effect without a GPU (the CPU gathers the rows)", file=sys.stderr)
+    if args.gather_cpu_threads and args.pipeline != "unified":
+        raise ValueError("--gather-cpu-threads applies to --pipeline unified only (its hybrid gather)")
+    if args.gather_cpu_threads and device.type != "cuda":
+        say("train: --gather-cpu-threads has no effect without a GPU (the CPU gathers every row)",
+            file=sys.stderr)
     if graph_on_gpu:
         if device.type != "cuda":
             raise ValueError("--graph gpu needs a CUDA device")
@@ -565,7 +575,8 @@ def _run(args, ctx) -> dict:
                                cache_bytes=args.cache_mb << 20,
                                degree=ds.graph.degree() if args.cache_mb else None,
                                pin_inplace=ctx is not None,
-                               max_sms=args.gather_sms if device.type == "cuda" and args.gather_sms else None)
+                               max_sms=args.gather_sms if device.type == "cuda" and args.gather_sms else None,
+                               cpu_threads=args.gather_cpu_threads if device.type == "cuda" else 0)
     labels = ds.y.to(device) if device.type == "cuda" else ds.y
     gen = torch.Generator().manual_seed(args.seed)
     shard = None if ctx is None else (ctx.rank, ctx.world)
