@@ -26,7 +26,8 @@
 #   (issues 6 and 7: results/scaling_papers100M-like*.json/.png).
 # - profile: `train --profile` on both (the top operators of 20 training steps).
 # - papers-levers: papers100M-like, unified with the CSR on the GPU, with the hybrid gather
-#   (`--gather-cpu-threads 14`), an 8 GiB cache of the hottest rows, and both.
+#   (`--gather-cpu-threads 16`: as many as torch's threads on that machine, so that the CPU share
+#   goes to index_select), an 8 GiB cache of the hottest rows, and both.
 # - gather-shapes: tools/gather_shape_probe.py (CuPy read kernels of other shapes against stock
 #   index_select on a sorted index, 32 GB table).
 # - gather-probes: tools/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
@@ -133,11 +134,11 @@ case "$what" in
   papers-levers)  # the levers on the gather's PCIe time, papers100M-like, CSR on the GPU (issue 5's <= 4 s)
     [ -f "$DATA/papers100M-like-seed0/meta.json" ] || papers_data
     bench papers100M-like_graph-gpu_hybrid 170 --dataset papers100M-like --epochs 2 --pipelines unified \
-      --graph gpu --gather-cpu-threads 14 --test-nodes 100000
+      --graph gpu --gather-cpu-threads 16 --test-nodes 100000
     bench papers100M-like_graph-gpu_cache8g 170 --dataset papers100M-like --epochs 2 --pipelines unified \
       --graph gpu --cache-mb 8192 --test-nodes 100000
     bench papers100M-like_graph-gpu_cache8g_hybrid 170 --dataset papers100M-like --epochs 2 --pipelines unified \
-      --graph gpu --cache-mb 8192 --gather-cpu-threads 14 --test-nodes 100000 ;;
+      --graph gpu --cache-mb 8192 --gather-cpu-threads 16 --test-nodes 100000 ;;
   scaling) scaling ;;
   profile)  # what a training step spends its time on (products-like and papers100M-like, unified)
     for ds in products-like papers100M-like; do
