@@ -219,8 +219,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gather-cpu-threads", type=_nonneg_int, default=0,
                    help="unified pipeline on a GPU: make each feature gather hybrid, that many CPU threads "
                         "gathering a share of the rows into pinned memory (copied to the GPU while the "
-                        "kernel reads the rest; the share follows measured rates); they compete with a "
-                        "CPU sampler's threads; 0 = the GPU reads every row (default: %(default)s)")
+                        "kernel reads the rest; the share follows measured rates); at least torch's thread "
+                        "count (--threads) hands the share to index_select on torch's threads, the fastest "
+                        "CPU path; they compete with a CPU sampler's threads; 0 = the GPU reads every row "
+                        "(default: %(default)s)")
     p.add_argument("--prefetch", type=_nonneg_int, default=2,
                    help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
     p.add_argument("--sample-ahead", action="store_true",
