@@ -140,13 +140,15 @@ class TestCpuThreads(TestCase):
         self.assertEqual(got, 4)
 
     def test_prefetch_experiment_keeps_rows(self):
-        # TORCH_DIRECT_CPU_GATHER_PREFETCH asks for rows ahead of the copy; the rows are the same
+        # TORCH_DIRECT_CPU_GATHER_PREFETCH asks for rows ahead of the copy in our loop (which
+        # TORCH_DIRECT_GATHER_OWN_POOL keeps for rows copied as they are); the rows are the same
         # with any distance, including one past the end of a chunk and the negative indices.
         src = torch.randn(50000, 37)
         u = src.to("unified")
         idx = torch.randint(-50000, 50000, (120000,))
         for d in ("1", "16", "100000"):
-            with self.subTest(distance=d), mock.patch.dict(os.environ, {"TORCH_DIRECT_CPU_GATHER_PREFETCH": d}):
+            env = {"TORCH_DIRECT_CPU_GATHER_PREFETCH": d, "TORCH_DIRECT_GATHER_OWN_POOL": "1"}
+            with self.subTest(distance=d), mock.patch.dict(os.environ, env):
                 self.assertEqual(torch_direct.gather(u, idx), src[idx], atol=0, rtol=0)
                 self.assertEqual(torch_direct.gather(u[:, :32], idx), src[:, :32][idx], atol=0, rtol=0)
 
@@ -172,20 +174,24 @@ class TestCpuThreads(TestCase):
         self.assertTrue(bool((out == 7.0).all()), msg="rows written before the check")
 
     def test_bad_index_in_any_chunk(self):
-        # The bounds check runs over the pool's threads in chunks: a bad index is found in the
-        # first, a middle or the last one, too large or too negative, before any row is read.
+        # The bounds check (on torch's threads, or on our pool's in chunks for our loop): a bad
+        # index is found in the first, a middle or the last chunk, too large or too negative,
+        # before any row is read.
         src = torch.randn(100000, 4)
         u = src.to("unified")
         good = torch.randint(-100000, 100000, (200000,))
-        for pos in (0, 131071, 199999):
-            for bad in (100000, -100001):
-                idx = good.clone()
-                idx[pos] = bad
-                out = torch.full((200000, 4), 7.0)
-                with self.assertRaisesRegex(IndexError, f"index {bad} is out of bounds"):
-                    torch_direct.gather(u, idx, out=out)
-                self.assertTrue(bool((out == 7.0).all()), msg="rows written before the check")
-        self.assertEqual(torch_direct.gather(u, good), src[good])
+        for env in ({}, {"TORCH_DIRECT_GATHER_OWN_POOL": "1"}):
+            with self.subTest(env=env), mock.patch.dict(os.environ, env):
+                for pos in (0, 131071, 199999):
+                    for bad in (100000, -100001):
+                        idx = good.clone()
+                        idx[pos] = bad
+                        out = torch.full((200000, 4), 7.0)
+                        with self.assertRaisesRegex(IndexError, f"index {bad} is out of bounds"):
+                            torch_direct.gather(u, idx, out=out)
+                        self.assertTrue(bool((out == 7.0).all()), msg="rows written before the check")
+                self.assertEqual(torch_direct.gather(u, good), src[good])
+                self.assertEqual(torch_direct.gather(u, good.int()), src[good])
 
 
 @extension_only("_hybrid_policy_replay is a test hook of the extension's module")
@@ -374,7 +380,7 @@ class TestGatherKernelCUDA(TestCase):
         narrow = torch.randn(50000, 16)
         un = narrow.to("unified")
         i2 = torch.randint(0, 50000, (300000,))
-        for threads, env in ((torch.get_num_threads(), {}), (torch.get_num_threads(), {"TORCH_DIRECT_HYBRID_OWN_POOL": "1"}),
+        for threads, env in ((torch.get_num_threads(), {}), (torch.get_num_threads(), {"TORCH_DIRECT_GATHER_OWN_POOL": "1"}),
                              (max(1, torch.get_num_threads() - 1), {})):
             with self.subTest(threads=threads, env=env), mock.patch.dict(os.environ, env):
                 y = torch_direct.gather(un, i2.cuda(), cpu_threads=threads, cpu_fraction=0.7)

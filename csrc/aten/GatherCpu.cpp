@@ -182,23 +182,28 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
   // 32 GB table into pinned memory at 44 / 47 / 32 GB/s (128 / 256 / 512 B)
   // where our loop moved 23 / 26-28 / 29-30 (tools/hybrid_cpu_path_probe.py).
   // (One difference: its OpenMP threads wait for work spinning, ours sleep.)
-  // Negative indices (which index_select refuses), a cast, a thread cap below
+  // The whole call then stays on torch's threads: its bounds check too, and
+  // negative indices (which index_select refuses) are counted from the end by
+  // one more op there. Work for our pool right after an OpenMP op competes with
+  // the OpenMP threads still spinning: on this repository's 2-core machine our
+  // loop took 7.8 ms after an aminmax where it took 3.8 with OpenMP's threads
+  // set to sleep at once (OMP_WAIT_POLICY=PASSIVE). A cast, a thread cap below
   // torch's and a caller that wants each piece as it is written (after_chunk)
-  // take our loop.
+  // take our loop; so does every call under TORCH_DIRECT_GATHER_OWN_POOL=1
+  // (for experiments and tests of the loop).
   const bool torch_threads = max_threads <= 0 || max_threads >= at::get_num_threads();
-  if (n > 0 && rows > 0 && !after_chunk && torch_threads && out.scalar_type() == table.scalar_type()) {
+  if (n > 0 && rows > 0 && !after_chunk && torch_threads && out.scalar_type() == table.scalar_type() &&
+      std::getenv("TORCH_DIRECT_GATHER_OWN_POOL") == nullptr) {
     const auto [lo_t, hi_t] = at::aminmax(idx);
     const int64_t lo = lo_t.item<int64_t>();
     if (!indices_checked) {
       check_index_bounds(lo, hi_t.item<int64_t>(), rows, "gather", allow_negative);
-      indices_checked = true;
     }
-    if (lo >= 0) {
-      const int64_t width = row_width(table);
-      at::Tensor dst = out.view({n, width});
-      at::index_select_out(dst, host.as_strided({rows, width}, {host.stride(0), 1}), 0, idx);
-      return out;
-    }
+    const at::Tensor rows_idx = lo >= 0 ? idx : at::remainder(idx, rows);  // -1 -> rows - 1
+    const int64_t width = row_width(table);
+    at::Tensor dst = out.view({n, width});
+    at::index_select_out(dst, host.as_strided({rows, width}, {host.stride(0), 1}), 0, rows_idx);
+    return out;
   }
   AT_DISPATCH_INDEX_TYPES(idx.scalar_type(), "gather_rows_cpu", [&] {
     if (!indices_checked) {

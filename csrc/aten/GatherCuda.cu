@@ -571,9 +571,10 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
     };
     try {
       // The GPU's check above covered the whole index.
-      // TORCH_DIRECT_HYBRID_OWN_POOL=1 keeps our pool (for experiments: tools/hybrid_probe.py)
+      // TORCH_DIRECT_GATHER_OWN_POOL=1 keeps our pool (for experiments: tools/hybrid_probe.py;
+      // gather_rows_cpu reads it too)
       if (s.min >= 0 && out.scalar_type() == table.scalar_type() && cpu_threads >= at::get_num_threads() &&
-          std::getenv("TORCH_DIRECT_HYBRID_OWN_POOL") == nullptr) {
+          std::getenv("TORCH_DIRECT_GATHER_OWN_POOL") == nullptr) {
         // gather_rows_cpu hands these to index_select on torch's threads (its
         // fastest way): a piece at a time, each copied while the next is gathered
         const int64_t pieces =
