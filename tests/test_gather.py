@@ -163,7 +163,11 @@ class TestCpuThreads(TestCase):
             with self.subTest(index=dtype):
                 self.assertEqual(torch_direct.gather(u, idx), src[idx.long()], atol=0, rtol=0)
                 self.assertEqual(torch_direct.gather(u[:, 3:35], idx), src[:, 3:35][idx.long()], atol=0, rtol=0)
-                self.assertEqual(torch_direct.gather(u, idx, dtype=torch.float16), src[idx.long()].half())
+                for env in ({}, {"TORCH_DIRECT_GATHER_OWN_POOL": "1"}):   # index_select + copy_, our loop
+                    with mock.patch.dict(os.environ, env):
+                        self.assertEqual(torch_direct.gather(u, idx, dtype=torch.float16), src[idx.long()].half())
+                        self.assertEqual(torch_direct.gather(u.half(), idx, dtype=torch.float32),
+                                         src.half()[idx.long()].float())
         line = torch.randn(1000)
         self.assertEqual(torch_direct.gather(line.to("unified"), torch.tensor([5, 0, 999])), line[[5, 0, 999]])
         idx = torch.randint(0, 30000, (70000,))
