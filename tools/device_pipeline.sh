@@ -82,6 +82,10 @@ papers_data() {
   echo "papers100M-like generation: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
 }
 
+papers_data_once() {  # generated once a machine
+  [ -f "$DATA/papers100M-like-seed0/meta.json" ] || papers_data
+}
+
 # unified on products-like with the GPU sampler on a GPU copy of the CSR, and the loader's ways
 # of overlapping its work with the training step (docs/pipeline.md)
 products_overlap() {
@@ -103,7 +107,7 @@ products_overlap() {
 
 # bench scaling on papers100M-like: the 1-GPU baseline in the same run as every larger count
 scaling() {
-  [ -f "$DATA/papers100M-like-seed0/meta.json" ] || papers_data   # generated once a machine
+  papers_data_once
   local n counts=1; n=$(python3 -c 'import torch; print(torch.cuda.device_count())')
   for k in 2 4 8; do [ "$k" -le "$n" ] && counts="$counts,$k"; done
   run_bench scaling papers100M-like 330 --dataset papers100M-like --epochs 2 --nproc "$counts" \
@@ -132,7 +136,7 @@ case "$what" in
   gather-shapes)  # which shape of read kernel reaches stock index_select's rate (docs/gather.md)
     (cd tools && timeout 240 python3 gather_shape_probe.py "$OUT/gather_shape_probe.json") 2>&1 | tee "$OUT/gather_shapes.log" ;;
   papers-levers)  # the levers on the gather's PCIe time, papers100M-like, CSR on the GPU (issue 5's <= 4 s)
-    [ -f "$DATA/papers100M-like-seed0/meta.json" ] || papers_data
+    papers_data_once
     bench papers100M-like_graph-gpu_hybrid 170 --dataset papers100M-like --epochs 2 --pipelines unified \
       --graph gpu --gather-cpu-threads 16 --test-nodes 100000
     bench papers100M-like_graph-gpu_cache8g 170 --dataset papers100M-like --epochs 2 --pipelines unified \

@@ -151,6 +151,11 @@ int64_t row_width(const at::Tensor& table) {
   return w;
 }
 
+bool cpu_gather_on_torch_threads(int64_t max_threads) {
+  return (max_threads <= 0 || max_threads >= at::get_num_threads()) &&
+         std::getenv("TORCH_DIRECT_GATHER_OWN_POOL") == nullptr;
+}
+
 // out[i, ...] = table[index[i], ...] for a unified `table` whose rows are
 // contiguous, a 1-D CPU integer `index` and a contiguous CPU `out` of shape
 // (len(index), *table.shape[1:]) in any dtype.
@@ -194,8 +199,7 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
   // below torch's and a caller that wants each piece as it is written
   // (after_chunk) take our loop; so does every call under
   // TORCH_DIRECT_GATHER_OWN_POOL=1 (for experiments and tests of the loop).
-  const bool torch_threads = max_threads <= 0 || max_threads >= at::get_num_threads();
-  if (n > 0 && rows > 0 && !after_chunk && torch_threads && std::getenv("TORCH_DIRECT_GATHER_OWN_POOL") == nullptr) {
+  if (n > 0 && rows > 0 && !after_chunk && cpu_gather_on_torch_threads(max_threads)) {
     const auto [lo_t, hi_t] = at::aminmax(idx);
     const int64_t lo = lo_t.item<int64_t>();
     if (!indices_checked) {

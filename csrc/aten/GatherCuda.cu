@@ -25,7 +25,6 @@
 #include "c10_allocator/Text.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -571,10 +570,7 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
     };
     try {
       // The GPU's check above covered the whole index.
-      // TORCH_DIRECT_GATHER_OWN_POOL=1 keeps our pool (for experiments: tools/hybrid_probe.py;
-      // gather_rows_cpu reads it too)
-      if (s.min >= 0 && out.scalar_type() == table.scalar_type() && cpu_threads >= at::get_num_threads() &&
-          std::getenv("TORCH_DIRECT_GATHER_OWN_POOL") == nullptr) {
+      if (s.min >= 0 && out.scalar_type() == table.scalar_type() && cpu_gather_on_torch_threads(cpu_threads)) {
         // gather_rows_cpu hands these to index_select on torch's threads (its
         // fastest way): a piece at a time, each copied while the next is gathered
         const int64_t pieces =

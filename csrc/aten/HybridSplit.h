@@ -55,8 +55,8 @@ inline void record_hybrid_call(HybridRates& r, int64_t n, int64_t k, double cpu_
 }
 
 // The CPU share of the next call: first kDefaultCpuFraction (twice: the
-// first call is a warm-up; both paths measured together), then the GPU alone once, then the split that has both
-// paths finish together (within [0.05, 0.95], so both keep being measured),
+// first call is a warm-up; both paths measured together), then the GPU alone
+// once, then the split that has both paths finish together (within [0.05, 0.95], so both keep being measured),
 // or 0 while the pair moves fewer rows per second than the GPU alone.
 inline double choose_hybrid_fraction(const HybridRates& r) {
   if (r.cpu <= 0 || r.gpu <= 0) {

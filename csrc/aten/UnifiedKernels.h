@@ -86,6 +86,11 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
                             bool allow_negative = true, bool indices_checked = false,
                             const std::function<void(int64_t, int64_t)>& after_chunk = nullptr);
 
+// Whether gather_rows_cpu with max_threads (and no after_chunk) runs on
+// torch's intra-op threads (index_select) rather than our own pool: when it
+// may use all of them, unless TORCH_DIRECT_GATHER_OWN_POOL is set.
+bool cpu_gather_on_torch_threads(int64_t max_threads);
+
 // Row gather into a CUDA tensor (GatherCuda.cu; CUDA builds only).
 // kAuto sorts the rows to read when the index is unsorted and has at least
 // kSortThreshold entries; kSort always (unless already sorted); kAsIs reads in
