@@ -367,6 +367,62 @@ class TestGatherKernelCUDA(TestCase):
         self.assertEqual(torch_direct.gather(u, idx.cuda()).cpu(), src[idx])
         self.assertEqual(u.cpu(), src)
 
+    def _sleep_cycles(self, seconds: float) -> int:
+        """torch.cuda._sleep's argument for about ``seconds`` of GPU time on this GPU."""
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(10**7)
+        b.record()
+        b.synchronize()
+        return int(10**7 * seconds * 1e3 / max(a.elapsed_time(b), 1e-3))
+
+    def test_gathers_let_go_of_the_gil(self):
+        # A loader thread's gather waits for its stream (the bounds check) and, when hybrid, for
+        # its CPU threads: other Python threads (the training loop launching kernels) must run
+        # meanwhile. The gather's stream is held by a ~0.5 s kernel; 50 ms into the wait the main
+        # thread must be running again, with the gather still waiting.
+        import threading
+        import time
+        src = torch.randn(4096, 64)
+        u = src.to("unified")
+        idx = torch.randint(0, 4096, (20000,), device="cuda")
+        cycles = self._sleep_cycles(0.5)
+        for kw in ({}, {"cpu_threads": 2, "cpu_fraction": 0.5}):
+            with self.subTest(**kw):
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                entered, done, result = threading.Event(), threading.Event(), {}
+
+                def work():
+                    with torch.cuda.stream(s):
+                        torch.cuda._sleep(cycles)
+                        entered.set()
+                        result["y"] = torch_direct.gather(u, idx, **kw)
+                        done.set()
+
+                t = threading.Thread(target=work)
+                t.start()
+                entered.wait()
+                time.sleep(0.05)  # returns once this thread has the GIL back
+                still_waiting = not done.is_set()
+                t.join()
+                self.assertTrue(still_waiting, "the gather held the GIL while it waited for its stream")
+                torch.cuda.synchronize()
+                self.assertEqual(result["y"].cpu(), src[idx.cpu()])
+
+    def test_hybrid_sees_writes_queued_on_its_stream(self):
+        # Stream order: the CPU part reads the table after the work queued before the gather on
+        # the current stream, here a write behind a ~0.2 s kernel.
+        src = torch.zeros(1000, 32)
+        u = src.to("unified")
+        torch.cuda.synchronize()
+        torch.cuda._sleep(self._sleep_cycles(0.2))
+        u[:10] = torch.ones(10, 32, device="cuda")
+        y = torch_direct.gather(u, torch.arange(20, device="cuda"), cpu_threads=2, cpu_fraction=1.0)
+        expected = torch.zeros(20, 32)
+        expected[:10] = 1
+        self.assertEqual(y.cpu(), expected)
+
     def test_hybrid(self):
         src = torch.randn(20000, 100).half()
         u = src.to("unified")

@@ -27,7 +27,8 @@
 # - profile: `train --profile` on both (the top operators of 20 training steps).
 # - papers-levers: papers100M-like, unified with the CSR on the GPU, with the hybrid gather
 #   (`--gather-cpu-threads 16`: as many as torch's threads on that machine, so that the CPU share
-#   goes to index_select), an 8 GiB cache of the hottest rows, and both.
+#   goes to index_select), an 8 GiB cache of the hottest rows, and both (LEVERS_BASELINE=1: the plain
+#   `--graph gpu` run first, in the same call; LEVERS_NO_CACHE_ALONE=1: without the cache-only run).
 # - gather-shapes: tools/gather_shape_probe.py (CuPy read kernels of other shapes against stock
 #   index_select on a sorted index, 32 GB table).
 # - gather-probes: tools/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
@@ -137,10 +138,12 @@ case "$what" in
     (cd tools && timeout 240 python3 gather_shape_probe.py "$OUT/gather_shape_probe.json") 2>&1 | tee "$OUT/gather_shapes.log" ;;
   papers-levers)  # the levers on the gather's PCIe time, papers100M-like, CSR on the GPU (issue 5's <= 4 s)
     papers_data_once
+    [ -n "${LEVERS_BASELINE:-}" ] && bench papers100M-like_graph-gpu 170 --dataset papers100M-like --epochs 2 \
+      --pipelines unified --graph gpu --test-nodes 100000
     bench papers100M-like_graph-gpu_hybrid 170 --dataset papers100M-like --epochs 2 --pipelines unified \
       --graph gpu --gather-cpu-threads 16 --test-nodes 100000
-    bench papers100M-like_graph-gpu_cache8g 170 --dataset papers100M-like --epochs 2 --pipelines unified \
-      --graph gpu --cache-mb 8192 --test-nodes 100000
+    [ -z "${LEVERS_NO_CACHE_ALONE:-}" ] && bench papers100M-like_graph-gpu_cache8g 170 --dataset papers100M-like \
+      --epochs 2 --pipelines unified --graph gpu --cache-mb 8192 --test-nodes 100000
     bench papers100M-like_graph-gpu_cache8g_hybrid 170 --dataset papers100M-like --epochs 2 --pipelines unified \
       --graph gpu --cache-mb 8192 --gather-cpu-threads 16 --test-nodes 100000 ;;
   scaling) scaling ;;

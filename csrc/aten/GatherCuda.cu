@@ -532,9 +532,13 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   if (k > 0) {
     idx_host.copy_(idx.narrow(0, 0, k), /*non_blocking=*/true);
   }
+  // Stream order, as for the GPU part: the CPU threads read the table once the work queued
+  // before this gather on the current stream is done, which the bounds check's wait covers.
+  // Writers on other streams are ordered by the caller (wait_stream), as for any CUDA op: waiting
+  // here for every stream that ever used the table would wait for unrelated work (a training
+  // step on the default stream after a cache was filled there) before each gather.
   const IndexStats s = index_stats_cuda(idx, rows);
   check_index_bounds(s.min, s.max, rows, op);
-  synchronize_for_host(table);  // earlier GPU work on the table's pages (writers)
 
   at::Tensor out2d = out.view({n, width});
   cudaEvent_t g0 = nullptr, g1 = nullptr, c1 = nullptr;

@@ -71,9 +71,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_map_for_gpu", &at::native::unified::map_for_gpu);
   m.def("_as_cuda_alias", &at::native::unified::as_cuda_alias);
   m.def("_as_cpu_alias", &at::native::unified::as_cpu_alias);
+  // The gathers let go of the GIL: they wait on streams and CPU threads for milliseconds, and a
+  // loader thread that held it meanwhile would stall the training loop's kernel launches.
   m.def("_gather_rows_cpu", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out) {
     return at::native::unified::gather_rows_cpu(table, index, out);
-  });
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("_gather_rows_cuda", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out,
                                 int64_t order, int64_t max_sms) {
 #ifdef TORCH_DIRECT_WITH_CUDA
@@ -84,7 +86,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(false, "torch_direct was built without CUDA");
     return out;
 #endif
-  });
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("_gather_rows_hybrid", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out,
                                   int64_t cpu_threads, double cpu_fraction, int64_t order,
                                   int64_t max_sms) {
@@ -97,7 +99,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(false, "torch_direct was built without CUDA");
     return 0.0;
 #endif
-  });
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("_parallel_threads_used", [](int64_t chunks) {
     // How many distinct threads parallel_chunks runs `chunks` chunks on.
     std::mutex mu;
