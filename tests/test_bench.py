@@ -35,7 +35,21 @@ class TestGatherBench(TestCase):
                 self.assertIn("cpu_centric", p["speedup_vs"])
             self.assertIn("speedup", r.stdout)
 
+    def test_methods_option_times_ours_and_the_named_ones(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "g.json"
+            r = bench("gather", "--table-gb", "0.01", "--row-bytes", "128", "--indices", "2000",
+                      "--dtypes", "fp32", "--orders", "random", "--repeats", "1", "--methods",
+                      "naive_uva_sorted", "--out", str(out))
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            (p,) = json.loads(out.read_text())["points"]
+            # on a machine without CUDA only the CPU methods exist: cpu_centric is left out
+            self.assertEqual(set(p["times"]) - {"naive_uva_sorted"}, {"ours"})
+
     def test_bad_options(self):
+        r = bench("gather", "--methods", "ours,fastest")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("fastest", r.stderr)
         self.assertEqual(bench("gather", "--orders", "shuffled").returncode, 2)
         self.assertEqual(bench("gather", "--indices", "0").returncode, 2)
         self.assertEqual(bench("gather", "--dtypes", "fp8").returncode, 2)

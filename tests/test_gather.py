@@ -300,6 +300,28 @@ class TestGatherKernelCUDA(TestCase):
                     self.check(src, idx)
                     self.check(src.half(), idx, dtype=torch.float32)
 
+    def test_row_per_block_kernel(self):
+        # TORCH_DIRECT_GATHER_KERNEL=rowblock (one block per row, an experiment): every load
+        # width, row size, order, repeats, a strided table; casts keep the default kernel.
+        g = torch.Generator().manual_seed(1)
+        with mock.patch.dict(os.environ, {"TORCH_DIRECT_GATHER_KERNEL": "rowblock"}):
+            for dtype in (torch.float32, torch.float16, torch.uint8):
+                es = torch.tensor([], dtype=dtype).element_size()
+                for row_bytes in (es, 6 if es <= 2 else 8, 200, 512, 4096 + 16, 8192 + es):
+                    width = max(1, row_bytes // es)
+                    src = (torch.randn(2000, width, generator=g) * 50).to(dtype)
+                    for order in ("auto", "sort", "as_is"):
+                        with self.subTest(dtype=dtype, row_bytes=row_bytes, order=order):
+                            self.check(src, torch.randint(-2000, 2000, (5000,), generator=g), order=order)
+            src = torch.randn(1000, 64)
+            self.check(src, torch.randint(0, 30, (20000,), generator=g))  # long runs of repeats
+            self.check(src, torch.randint(0, 1000, (20000,), generator=g).sort().values.int())
+            self.check(src.half(), torch.randint(0, 1000, (3000,), generator=g), dtype=torch.float32)
+            base = torch.randn(1001, 130)
+            idx = torch.randint(0, 1000, (3000,), generator=g)
+            self.assertEqual(torch_direct.gather(base.to("unified")[1:, 3:103], idx.cuda()).cpu(),
+                             base[1:, 3:103][idx])
+
     def test_unaligned_and_strided_tables(self):
         base = torch.randn(4001, 130)
         u_base = base.to("unified")

@@ -29,6 +29,8 @@
 #   (`--gather-cpu-threads 16`: as many as torch's threads on that machine, so that the CPU share
 #   goes to index_select), an 8 GiB cache of the hottest rows, and both (LEVERS_BASELINE=1: the plain
 #   `--graph gpu` run first, in the same call; LEVERS_NO_CACHE_ALONE=1: without the cache-only run).
+# - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with our default read kernel,
+#   then with TORCH_DIRECT_GATHER_KERNEL=rowblock (one block per row).
 # - gather-shapes: tools/gather_shape_probe.py (CuPy read kernels of other shapes against stock
 #   index_select on a sorted index, 32 GB table).
 # - gather-probes: tools/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
@@ -134,6 +136,12 @@ case "$what" in
       | tee "$OUT/gather_probes.log"
     timeout 240 python3 -m torch_direct.bench gather --table-gb 32 --row-bytes 128,256,512,1024 --indices 400000 \
       --orders random --dtypes fp32 --out "$OUT/gather_32gb.json" 2>&1 | tee -a "$OUT/gather_probes.log" | tail -25 ;;
+  gather-kernels)  # our read kernel's two launch geometries, same table, one process each (docs/gather.md)
+    for k in default rowblock; do
+      TORCH_DIRECT_GATHER_KERNEL=$k timeout 150 python3 -m torch_direct.bench gather --table-gb 32 \
+        --row-bytes 128,256,512,1024 --indices 400000 --orders random --dtypes fp32 --methods naive_uva_sorted,memcpy \
+        --out "$OUT/gather_32gb_kernel-$k.json" 2>&1 | tee -a "$OUT/gather_kernels.log" | grep -E 'vs naive_uva_sorted|target'
+    done ;;
   gather-shapes)  # which shape of read kernel reaches stock index_select's rate (docs/gather.md)
     (cd tools && timeout 240 python3 gather_shape_probe.py "$OUT/gather_shape_probe.json") 2>&1 | tee "$OUT/gather_shapes.log" ;;
   papers-levers)  # the levers on the gather's PCIe time, papers100M-like, CSR on the GPU (issue 5's <= 4 s)

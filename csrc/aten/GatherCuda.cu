@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <string>
 #include <mutex>
 #include <type_traits>
 
@@ -205,6 +206,44 @@ gather_kernel(const char* __restrict__ table, int64_t row_stride_bytes, int64_t 
   }
 }
 
+// One entry (row) per block, the block's threads over the row's chunks: the launch geometry of
+// stock `u[idx]` (one block per index, 16-byte loads, a warp or more a row). The hardware
+// scheduler then keeps at most its resident blocks' rows in flight (32 blocks an SM on
+// sm_90), started in entry order as earlier ones finish: on a sorted index a window that
+// slides through the table in address order, without the lockstep of a grid-stride loop.
+// An experiment beside gather_kernel (TORCH_DIRECT_GATHER_KERNEL=rowblock).
+template <typename U, typename key_t>
+__global__ void gather_row_per_block_kernel(const char* __restrict__ table, int64_t row_stride_bytes,
+                                            int64_t rows, const key_t* __restrict__ keys,
+                                            const int32_t* __restrict__ pos, int64_t n, int64_t chunks,
+                                            char* __restrict__ out, int64_t out_row_bytes, bool dedupe) {
+  const int64_t j = blockIdx.x;
+  const key_t k = keys[j];
+  if (dedupe && j > 0 && keys[j - 1] == k) {
+    return;  // the first entry of a run of equal keys writes every position of the run
+  }
+  const int64_t r = to_row(k, rows);
+  if (r < 0 || r >= rows) {
+    return;  // unreachable after the host check; never read outside the table
+  }
+  const U* src = reinterpret_cast<const U*>(table + r * row_stride_bytes);
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    const U v = src[c];
+    for (int64_t e = j;;) {
+      const int64_t p = pos == nullptr ? e : static_cast<int64_t>(pos[e]);
+      reinterpret_cast<U*>(out + p * out_row_bytes)[c] = v;
+      if (!dedupe || ++e >= n || keys[e] != k) {
+        break;
+      }
+    }
+  }
+}
+
+bool row_per_block_kernel() {
+  const char* env = std::getenv("TORCH_DIRECT_GATHER_KERNEL");
+  return env != nullptr && std::string(env) == "rowblock";
+}
+
 int sm_count(c10::DeviceIndex device) {
   // (ATen/cuda/CUDAContext.h would pull in cuBLAS/cuSPARSE headers: ask the runtime.)
   int count = 0;
@@ -276,6 +315,26 @@ void launch_copy(int unit, const char* table, int64_t stride_bytes, int64_t rows
                  const key_t* keys, const int32_t* pos, int64_t n, int64_t row_bytes, char* out,
                  bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
   const int64_t chunks = row_bytes / unit;
+  if (row_per_block_kernel() && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max()) {
+    const int64_t threads = std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32);
+    switch (unit) {
+#define TD_ROW_CASE(U)                                                                                  \
+  case U:                                                                                               \
+    gather_row_per_block_kernel<Bytes<U>, key_t><<<static_cast<unsigned>(n), threads, 0, stream>>>(     \
+        table, stride_bytes, rows, keys, pos, n, chunks, out, row_bytes, dedupe);                       \
+    break;
+      TD_ROW_CASE(16)
+      TD_ROW_CASE(8)
+      TD_ROW_CASE(4)
+      TD_ROW_CASE(2)
+      TD_ROW_CASE(1)
+#undef TD_ROW_CASE
+      default:
+        TORCH_INTERNAL_ASSERT(false, "bad copy unit");
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
   const int64_t grid = gather_grid(n * chunks, chunks, max_sms, device, rows * stride_bytes);
   switch (unit) {
 #define TD_COPY_CASE(U)                                                                   \

@@ -48,8 +48,14 @@ def add_arguments(ap) -> None:
     ap.add_argument("--plot", type=Path, default=None,
                     help="PNG to draw (default: the JSON path with .png)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--methods", default=None,
+                    help="comma-separated methods to time beside ours (default: all of "
+                         + ", ".join(METHODS[1:]) + "); ours is always timed, the ratios are to it")
     ap.add_argument("--cpu-threads", type=int, default=None,
                     help="CPU threads of the hybrid mode and of cpu_centric (default: all cores)")
+
+
+METHODS = ("ours", "memcpy", "cpu_centric", "ours_hybrid", "naive_uva", "naive_uva_sorted", "gpu_resident")
 
 
 def _methods(table, idx, gpu: bool, resident, cpu_threads: int):
@@ -115,6 +121,14 @@ def run(args) -> int:
     except (KeyError, ValueError) as e:
         print(f"gather bench: bad option value: {e}", file=sys.stderr)
         return 2
+    methods = None
+    if args.methods:
+        methods = {"ours"} | {m for m in args.methods.split(",") if m}
+        unknown = sorted(methods - set(METHODS))
+        if unknown:
+            print(f"gather bench: unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}",
+                  file=sys.stderr)
+            return 2
     bad = [o for o in orders if o not in ("random", "sorted")]
     if bad or any(r <= 0 for r in rows) or any(c <= 0 for c in counts) or args.repeats <= 0:
         print("gather bench: orders must be random/sorted; sizes and repeats positive", file=sys.stderr)
@@ -148,6 +162,8 @@ def run(args) -> int:
             point = {"table_gb": gb, "dtype": str(dtype).split(".")[-1], "row_bytes": row_bytes,
                      "indices": count, "order": order, "bytes": moved, "times": {}}
             for name, fn in _methods(table, idx, gpu, resident, cpu_threads).items():
+                if methods is not None and name not in methods:
+                    continue
                 t = time_it(fn, args.repeats, args.warmup, gpu)
                 t["GBps"] = moved / t["median_s"] / 1e9
                 t["Mrows_per_s"] = count / t["median_s"] / 1e6
