@@ -310,47 +310,38 @@ int copy_unit(int64_t row_bytes, int64_t stride_bytes, const void* in, const voi
   return 1;
 }
 
+// f(Bytes<unit>{}) for a copy unit of 16/8/4/2/1 bytes.
+template <typename F>
+void with_unit(int unit, F&& f) {
+  switch (unit) {
+    case 16: f(Bytes<16>{}); break;
+    case 8: f(Bytes<8>{}); break;
+    case 4: f(Bytes<4>{}); break;
+    case 2: f(Bytes<2>{}); break;
+    case 1: f(Bytes<1>{}); break;
+    default: TORCH_INTERNAL_ASSERT(false, "bad copy unit");
+  }
+}
+
 template <typename key_t>
 void launch_copy(int unit, const char* table, int64_t stride_bytes, int64_t rows,
                  const key_t* keys, const int32_t* pos, int64_t n, int64_t row_bytes, char* out,
                  bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
   const int64_t chunks = row_bytes / unit;
-  if (row_per_block_kernel() && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max()) {
-    const int64_t threads = std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32);
-    switch (unit) {
-#define TD_ROW_CASE(U)                                                                                  \
-  case U:                                                                                               \
-    gather_row_per_block_kernel<Bytes<U>, key_t><<<static_cast<unsigned>(n), threads, 0, stream>>>(     \
-        table, stride_bytes, rows, keys, pos, n, chunks, out, row_bytes, dedupe);                       \
-    break;
-      TD_ROW_CASE(16)
-      TD_ROW_CASE(8)
-      TD_ROW_CASE(4)
-      TD_ROW_CASE(2)
-      TD_ROW_CASE(1)
-#undef TD_ROW_CASE
-      default:
-        TORCH_INTERNAL_ASSERT(false, "bad copy unit");
+  const bool row_blocks =
+      row_per_block_kernel() && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max();
+  const int64_t grid = row_blocks ? n : gather_grid(n * chunks, chunks, max_sms, device, rows * stride_bytes);
+  const int64_t threads = row_blocks ? std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32) : kThreads;
+  with_unit(unit, [&](auto unit_tag) {
+    using U = decltype(unit_tag);
+    if (row_blocks) {
+      gather_row_per_block_kernel<U, key_t><<<grid, threads, 0, stream>>>(
+          table, stride_bytes, rows, keys, pos, n, chunks, out, row_bytes, dedupe);
+    } else {
+      gather_kernel<U, U, 1, key_t><<<grid, threads, 0, stream>>>(
+          table, stride_bytes, rows, keys, pos, n, chunks, out, row_bytes, dedupe);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return;
-  }
-  const int64_t grid = gather_grid(n * chunks, chunks, max_sms, device, rows * stride_bytes);
-  switch (unit) {
-#define TD_COPY_CASE(U)                                                                   \
-  case U:                                                                                 \
-    gather_kernel<Bytes<U>, Bytes<U>, 1, key_t><<<grid, kThreads, 0, stream>>>(           \
-        table, stride_bytes, rows, keys, pos, n, chunks, out, row_bytes, dedupe);         \
-    break;
-    TD_COPY_CASE(16)
-    TD_COPY_CASE(8)
-    TD_COPY_CASE(4)
-    TD_COPY_CASE(2)
-    TD_COPY_CASE(1)
-#undef TD_COPY_CASE
-    default:
-      TORCH_INTERNAL_ASSERT(false, "bad copy unit");
-  }
+  });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
