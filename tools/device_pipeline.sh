@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
 # extension: the end-to-end pipeline figures of issue 5, in one call.
 #
-#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|profile|gather-probes|gather-shapes|pyg-wheels|all]   (default: all = products)
+#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -29,6 +29,8 @@
 #   (`--gather-cpu-threads 16`: as many as torch's threads on that machine, so that the CPU share
 #   goes to index_select), an 8 GiB cache of the hottest rows, and both (LEVERS_BASELINE=1: the plain
 #   `--graph gpu` run first, in the same call; LEVERS_NO_CACHE_ALONE=1: without the cache-only run).
+# - papers-hybrid: papers100M-like, CSR on the GPU, the hybrid gather with 8 and 12 CPU threads
+#   (HYBRID_THREADS), then 12 with --sample-ahead.
 # - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with our default read kernel,
 #   then with TORCH_DIRECT_GATHER_KERNEL=rowblock (one block per row).
 # - gather-shapes: tools/gather_shape_probe.py (CuPy read kernels of other shapes against stock
@@ -154,6 +156,15 @@ case "$what" in
       --epochs 2 --pipelines unified --graph gpu --cache-mb 8192 --test-nodes 100000
     bench papers100M-like_graph-gpu_cache8g_hybrid 170 --dataset papers100M-like --epochs 2 --pipelines unified \
       --graph gpu --cache-mb 8192 --gather-cpu-threads 16 --test-nodes 100000 ;;
+  papers-hybrid)  # the hybrid gather with fewer CPU threads than cores (the training loop keeps
+    # some), alone and with sampling in its own thread and stream (docs/pipeline.md)
+    papers_data_once
+    for t in ${HYBRID_THREADS:-8 12}; do
+      bench papers100M-like_graph-gpu_hybrid$t 150 --dataset papers100M-like --epochs 2 --pipelines unified \
+        --graph gpu --gather-cpu-threads "$t" --test-nodes 100000
+    done
+    bench papers100M-like_graph-gpu_hybrid12_sample-ahead 150 --dataset papers100M-like --epochs 2 \
+      --pipelines unified --graph gpu --gather-cpu-threads 12 --sample-ahead --test-nodes 100000 ;;
   scaling) scaling ;;
   profile)  # what a training step spends its time on (products-like and papers100M-like, unified)
     for ds in products-like papers100M-like; do
