@@ -221,7 +221,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "gathering a share of the rows into pinned memory (copied to the GPU while the "
                         "kernel reads the rest; the share follows measured rates); at least torch's thread "
                         "count (--threads) hands the share to index_select on torch's threads, the fastest "
-                        "CPU path; they compete with a CPU sampler's threads; 0 = the GPU reads every row "
+                        "CPU path; they compete with a CPU sampler's threads and with the training loop, which needs "
+                        "a core to launch its kernels (16 threads on 16 cores doubled the step's time on "
+                        "papers100M-like); 0 = the GPU reads every row "
                         "(default: %(default)s)")
     p.add_argument("--prefetch", type=_nonneg_int, default=2,
                    help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
