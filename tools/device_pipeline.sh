@@ -29,8 +29,8 @@
 #   (`--gather-cpu-threads 16`: as many as torch's threads on that machine, so that the CPU share
 #   goes to index_select), an 8 GiB cache of the hottest rows, and both (LEVERS_BASELINE=1: the plain
 #   `--graph gpu` run first, in the same call; LEVERS_NO_CACHE_ALONE=1: without the cache-only run).
-# - papers-hybrid: papers100M-like, CSR on the GPU, the hybrid gather with 8 and 12 CPU threads
-#   (HYBRID_THREADS), then 12 with --sample-ahead.
+# - papers-hybrid: papers100M-like, CSR on the GPU: gpu_resident (the floor without host reads), then
+#   unified with the hybrid gather on 8 and 12 CPU threads (HYBRID_THREADS), then 12 with --sample-ahead.
 # - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with our default read kernel,
 #   then with TORCH_DIRECT_GATHER_KERNEL=rowblock (one block per row).
 # - gather-shapes: tools/gather_shape_probe.py (CuPy read kernels of other shapes against stock
@@ -159,6 +159,9 @@ case "$what" in
   papers-hybrid)  # the hybrid gather with fewer CPU threads than cores (the training loop keeps
     # some), alone and with sampling in its own thread and stream (docs/pipeline.md)
     papers_data_once
+    # the floor without host reads: the features (36 GB) fit the H200
+    bench papers100M-like_graph-gpu_gpu-resident 150 --dataset papers100M-like --epochs 2 \
+      --pipelines gpu_resident --graph gpu --test-nodes 100000
     for t in ${HYBRID_THREADS:-8 12}; do
       bench papers100M-like_graph-gpu_hybrid$t 150 --dataset papers100M-like --epochs 2 --pipelines unified \
         --graph gpu --gather-cpu-threads "$t" --test-nodes 100000
