@@ -2,6 +2,7 @@
 // PyTorch (hooks, boxed fallback; the per-op kernels are registered by the
 // generated RegisterUnified.cpp) and exposes the runtime to torch_direct.
 
+#include "../aten/GatherBindings.h"
 #include "../aten/HybridSplit.h"
 #include "../aten/ParallelChunks.h"
 #include "../aten/Placement.h"
@@ -71,35 +72,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_map_for_gpu", &at::native::unified::map_for_gpu);
   m.def("_as_cuda_alias", &at::native::unified::as_cuda_alias);
   m.def("_as_cpu_alias", &at::native::unified::as_cpu_alias);
-  // The gathers let go of the GIL: they wait on streams and CPU threads for milliseconds, and a
-  // loader thread that held it meanwhile would stall the training loop's kernel launches.
-  m.def("_gather_rows_cpu", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out) {
-    return at::native::unified::gather_rows_cpu(table, index, out);
-  }, py::call_guard<py::gil_scoped_release>());
-  m.def("_gather_rows_cuda", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out,
-                                int64_t order, int64_t max_sms) {
-#ifdef TORCH_DIRECT_WITH_CUDA
-    TORCH_CHECK(order >= 0 && order <= 2, "gather: bad order code");
-    return at::native::unified::gather_rows_cuda(
-        table, index, out, static_cast<at::native::unified::GatherOrder>(order), max_sms, "gather");
-#else
+  torch_direct::bind_gathers(m);  // _gather_rows_cpu, and with CUDA _gather_rows_cuda/_hybrid, _hybrid_cpu_fraction
+#ifndef TORCH_DIRECT_WITH_CUDA
+  // Without CUDA the extension still has these names, each saying why it cannot run.
+  m.def("_gather_rows_cuda", [](const at::Tensor&, const at::Tensor&, at::Tensor out, int64_t, int64_t) {
     TORCH_CHECK(false, "torch_direct was built without CUDA");
     return out;
-#endif
-  }, py::call_guard<py::gil_scoped_release>());
-  m.def("_gather_rows_hybrid", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out,
-                                  int64_t cpu_threads, double cpu_fraction, int64_t order,
-                                  int64_t max_sms) {
-#ifdef TORCH_DIRECT_WITH_CUDA
-    TORCH_CHECK(order >= 0 && order <= 2, "gather: bad order code");
-    return at::native::unified::gather_rows_hybrid(
-        table, index, out, cpu_threads, cpu_fraction,
-        static_cast<at::native::unified::GatherOrder>(order), max_sms, "gather");
-#else
+  });
+  m.def("_gather_rows_hybrid", [](const at::Tensor&, const at::Tensor&, at::Tensor, int64_t, double,
+                                  int64_t, int64_t) {
     TORCH_CHECK(false, "torch_direct was built without CUDA");
     return 0.0;
+  });
+  m.def("_hybrid_cpu_fraction", [](int64_t, int64_t) { return 0.0; });
 #endif
-  }, py::call_guard<py::gil_scoped_release>());
   m.def("_parallel_threads_used", [](int64_t chunks) {
     // How many distinct threads parallel_chunks runs `chunks` chunks on.
     std::mutex mu;
@@ -121,13 +107,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       picks.push_back(at::native::unified::choose_hybrid_fraction(r));
     }
     return picks;
-  });
-  m.def("_hybrid_cpu_fraction", [](int64_t device, int64_t row_bytes) {
-#ifdef TORCH_DIRECT_WITH_CUDA
-    return at::native::unified::hybrid_cpu_fraction(static_cast<c10::DeviceIndex>(device), row_bytes);
-#else
-    return 0.0;
-#endif
   });
   torch_direct::sampler::bind(m);
   m.def("_cuda_available", [] { return alloc::cuda::available(); });
