@@ -301,8 +301,9 @@ class TestGatherKernelCUDA(TestCase):
                     self.check(src.half(), idx, dtype=torch.float32)
 
     def test_row_per_block_kernel(self):
-        # TORCH_DIRECT_GATHER_KERNEL=rowblock (one block per row, an experiment): every load
-        # width, row size, order, repeats, a strided table; casts keep the default kernel.
+        # The one-block-per-row kernel (the default on tables of 8 GB and more), forced here on
+        # small tables by TORCH_DIRECT_GATHER_KERNEL=rowblock: every load width, row size, order,
+        # repeats, a strided table; casts keep the grid-stride kernel.
         g = torch.Generator().manual_seed(1)
         with mock.patch.dict(os.environ, {"TORCH_DIRECT_GATHER_KERNEL": "rowblock"}):
             for dtype in (torch.float32, torch.float16, torch.uint8):
@@ -321,6 +322,12 @@ class TestGatherKernelCUDA(TestCase):
             idx = torch.randint(0, 1000, (3000,), generator=g)
             self.assertEqual(torch_direct.gather(base.to("unified")[1:, 3:103], idx.cuda()).cpu(),
                              base[1:, 3:103][idx])
+        u = torch.randn(100, 8).to("unified")
+        with mock.patch.dict(os.environ, {"TORCH_DIRECT_GATHER_KERNEL": "fastest"}):
+            with self.assertRaisesRegex(RuntimeError, "TORCH_DIRECT_GATHER_KERNEL must be rowblock or grid"):
+                torch_direct.gather(u, torch.arange(10, device="cuda"))
+        with mock.patch.dict(os.environ, {"TORCH_DIRECT_GATHER_KERNEL": "grid"}):
+            self.assertEqual(torch_direct.gather(u, torch.arange(10, device="cuda")).cpu(), u.cpu()[:10])
 
     def test_unaligned_and_strided_tables(self):
         base = torch.randn(4001, 130)

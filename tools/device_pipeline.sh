@@ -31,8 +31,9 @@
 #   `--graph gpu` run first, in the same call; LEVERS_NO_CACHE_ALONE=1: without the cache-only run).
 # - papers-hybrid: papers100M-like, CSR on the GPU: gpu_resident (the floor without host reads), then
 #   unified with the hybrid gather on 8 and 12 CPU threads (HYBRID_THREADS), then 12 with --sample-ahead.
-# - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with our default read kernel,
-#   then with TORCH_DIRECT_GATHER_KERNEL=rowblock (one block per row).
+# - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with each of our read kernels,
+#   TORCH_DIRECT_GATHER_KERNEL=grid (grid-stride, windowed) then =rowblock (one block per row, the
+#   default on tables of 8 GB and more).
 # - gather-shapes: tools/gather_shape_probe.py (CuPy read kernels of other shapes against stock
 #   index_select on a sorted index, 32 GB table).
 # - gather-probes: tools/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
@@ -139,7 +140,7 @@ case "$what" in
     timeout 240 python3 -m torch_direct.bench gather --table-gb 32 --row-bytes 128,256,512,1024 --indices 400000 \
       --orders random --dtypes fp32 --out "$OUT/gather_32gb.json" 2>&1 | tee -a "$OUT/gather_probes.log" | tail -25 ;;
   gather-kernels)  # our read kernel's two launch geometries, same table, one process each (docs/gather.md)
-    for k in default rowblock; do
+    for k in grid rowblock; do
       TORCH_DIRECT_GATHER_KERNEL=$k timeout 150 python3 -m torch_direct.bench gather --table-gb 32 \
         --row-bytes 128,256,512,1024 --indices 400000 --orders random --dtypes fp32 --methods naive_uva_sorted,memcpy \
         --out "$OUT/gather_32gb_kernel-$k.json" 2>&1 | tee -a "$OUT/gather_kernels.log" | grep -E 'vs naive_uva_sorted|target'

@@ -211,7 +211,7 @@ gather_kernel(const char* __restrict__ table, int64_t row_stride_bytes, int64_t 
 // scheduler then keeps at most its resident blocks' rows in flight (32 blocks an SM on
 // sm_90), started in entry order as earlier ones finish: on a sorted index a window that
 // slides through the table in address order, without the lockstep of a grid-stride loop.
-// An experiment beside gather_kernel (TORCH_DIRECT_GATHER_KERNEL=rowblock).
+// Used for same-dtype copies from large tables (use_row_per_block below).
 template <typename U, typename key_t>
 __global__ void gather_row_per_block_kernel(const char* __restrict__ table, int64_t row_stride_bytes,
                                             int64_t rows, const key_t* __restrict__ keys,
@@ -237,11 +237,6 @@ __global__ void gather_row_per_block_kernel(const char* __restrict__ table, int6
       }
     }
   }
-}
-
-bool row_per_block_kernel() {
-  const char* env = std::getenv("TORCH_DIRECT_GATHER_KERNEL");
-  return env != nullptr && std::string(env) == "rowblock";
 }
 
 int sm_count(c10::DeviceIndex device) {
@@ -276,6 +271,26 @@ int64_t window_rows(int64_t table_bytes) {
     return std::max<int64_t>(0, std::atoll(env));
   }
   return table_bytes >= kLargeTableBytes ? kLargeTableWindowRows : 0;
+}
+
+// Which read kernel copies rows of a table of table_bytes: one block per row on large tables,
+// where it matched or beat stock index_select's read of the sorted index and the windowed
+// grid-stride kernel did not (H200, 32 GB, 400K random indices, ours / naive_uva_sorted at
+// 128 / 256 / 512 / 1024 B: 1.00 / 1.01 / 1.05 / 1.06 against 0.95 / 0.92 / 0.86 / 1.05;
+// results/gather_32gb_kernel-*.json); the grid-stride kernel elsewhere (small tables reach
+// 0.9x memcpy with it). TORCH_DIRECT_GATHER_KERNEL=rowblock or =grid forces either.
+bool use_row_per_block(int64_t table_bytes) {
+  if (const char* env = std::getenv("TORCH_DIRECT_GATHER_KERNEL")) {
+    const std::string k(env);
+    if (k == "rowblock") {
+      return true;
+    }
+    if (k == "grid") {
+      return false;
+    }
+    TORCH_CHECK(k.empty(), "TORCH_DIRECT_GATHER_KERNEL must be rowblock or grid, not '", k, "'");
+  }
+  return table_bytes >= kLargeTableBytes;
 }
 
 // Blocks for `items` work items of which `chunks` make one row.
@@ -329,7 +344,7 @@ void launch_copy(int unit, const char* table, int64_t stride_bytes, int64_t rows
                  bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
   const int64_t chunks = row_bytes / unit;
   const bool row_blocks =
-      row_per_block_kernel() && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max();
+      use_row_per_block(rows * stride_bytes) && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max();
   const int64_t grid = row_blocks ? n : gather_grid(n * chunks, chunks, max_sms, device, rows * stride_bytes);
   const int64_t threads = row_blocks ? std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32) : kThreads;
   with_unit(unit, [&](auto unit_tag) {
