@@ -303,7 +303,7 @@ class TestGatherKernelCUDA(TestCase):
     def test_row_per_block_kernel(self):
         # The one-block-per-row kernel (the default on tables of 8 GB and more), forced here on
         # small tables by TORCH_DIRECT_GATHER_KERNEL=rowblock: every load width, row size, order,
-        # repeats, a strided table; casts keep the grid-stride kernel.
+        # repeats, a strided table, fused casts (4 elements a load, and 1 where the row is odd).
         g = torch.Generator().manual_seed(1)
         with mock.patch.dict(os.environ, {"TORCH_DIRECT_GATHER_KERNEL": "rowblock"}):
             for dtype in (torch.float32, torch.float16, torch.uint8):
@@ -317,7 +317,13 @@ class TestGatherKernelCUDA(TestCase):
             src = torch.randn(1000, 64)
             self.check(src, torch.randint(0, 30, (20000,), generator=g))  # long runs of repeats
             self.check(src, torch.randint(0, 1000, (20000,), generator=g).sort().values.int())
-            self.check(src.half(), torch.randint(0, 1000, (3000,), generator=g), dtype=torch.float32)
+            for width in (64, 1027):
+                t = torch.randn(1000, width, generator=g)
+                i = torch.randint(-1000, 1000, (3000,), generator=g)
+                with self.subTest(cast_width=width):
+                    self.check(t.half(), i, dtype=torch.float32)
+                    self.check(t.bfloat16(), i, dtype=torch.float16)
+                    self.check(t, i, dtype=torch.bfloat16)
             base = torch.randn(1001, 130)
             idx = torch.randint(0, 1000, (3000,), generator=g)
             self.assertEqual(torch_direct.gather(base.to("unified")[1:, 3:103], idx.cuda()).cpu(),

@@ -211,12 +211,14 @@ gather_kernel(const char* __restrict__ table, int64_t row_stride_bytes, int64_t 
 // scheduler then keeps at most its resident blocks' rows in flight (32 blocks an SM on
 // sm_90), started in entry order as earlier ones finish: on a sorted index a window that
 // slides through the table in address order, without the lockstep of a grid-stride loop.
-// Used for same-dtype copies from large tables (use_row_per_block below).
-template <typename U, typename key_t>
+// Used on large tables (use_row_per_block below), for copies and fused casts alike.
+template <typename in_t, typename out_t, int V, typename key_t>
 __global__ void gather_row_per_block_kernel(const char* __restrict__ table, int64_t row_stride_bytes,
                                             int64_t rows, const key_t* __restrict__ keys,
                                             const int32_t* __restrict__ pos, int64_t n, int64_t chunks,
                                             char* __restrict__ out, int64_t out_row_bytes, bool dedupe) {
+  using InV = Vec<in_t, V>;
+  using OutV = Vec<out_t, V>;
   const int64_t j = blockIdx.x;
   const key_t k = keys[j];
   if (dedupe && j > 0 && keys[j - 1] == k) {
@@ -226,12 +228,12 @@ __global__ void gather_row_per_block_kernel(const char* __restrict__ table, int6
   if (r < 0 || r >= rows) {
     return;  // unreachable after the host check; never read outside the table
   }
-  const U* src = reinterpret_cast<const U*>(table + r * row_stride_bytes);
+  const InV* src = reinterpret_cast<const InV*>(table + r * row_stride_bytes);
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-    const U v = src[c];
+    const OutV o = convert<in_t, out_t, V>(src[c]);
     for (int64_t e = j;;) {
       const int64_t p = pos == nullptr ? e : static_cast<int64_t>(pos[e]);
-      reinterpret_cast<U*>(out + p * out_row_bytes)[c] = v;
+      reinterpret_cast<OutV*>(out + p * out_row_bytes)[c] = o;
       if (!dedupe || ++e >= n || keys[e] != k) {
         break;
       }
@@ -325,6 +327,23 @@ int copy_unit(int64_t row_bytes, int64_t stride_bytes, const void* in, const voi
   return 1;
 }
 
+// Either read kernel over n entries of `chunks` chunks (of V elements) each.
+template <typename in_t, typename out_t, int V, typename key_t>
+void launch_rows(const char* table, int64_t stride_bytes, int64_t rows, const key_t* keys,
+                 const int32_t* pos, int64_t n, int64_t chunks, char* out, int64_t out_row_bytes,
+                 bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
+  if (use_row_per_block(rows * stride_bytes) && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max()) {
+    const int64_t threads = std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32);
+    gather_row_per_block_kernel<in_t, out_t, V, key_t><<<n, threads, 0, stream>>>(
+        table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe);
+  } else {
+    const int64_t grid = gather_grid(n * chunks, chunks, max_sms, device, rows * stride_bytes);
+    gather_kernel<in_t, out_t, V, key_t><<<grid, kThreads, 0, stream>>>(
+        table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // f(Bytes<unit>{}) for a copy unit of 16/8/4/2/1 bytes.
 template <typename F>
 void with_unit(int unit, F&& f) {
@@ -342,22 +361,11 @@ template <typename key_t>
 void launch_copy(int unit, const char* table, int64_t stride_bytes, int64_t rows,
                  const key_t* keys, const int32_t* pos, int64_t n, int64_t row_bytes, char* out,
                  bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
-  const int64_t chunks = row_bytes / unit;
-  const bool row_blocks =
-      use_row_per_block(rows * stride_bytes) && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max();
-  const int64_t grid = row_blocks ? n : gather_grid(n * chunks, chunks, max_sms, device, rows * stride_bytes);
-  const int64_t threads = row_blocks ? std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32) : kThreads;
   with_unit(unit, [&](auto unit_tag) {
     using U = decltype(unit_tag);
-    if (row_blocks) {
-      gather_row_per_block_kernel<U, key_t><<<grid, threads, 0, stream>>>(
-          table, stride_bytes, rows, keys, pos, n, chunks, out, row_bytes, dedupe);
-    } else {
-      gather_kernel<U, U, 1, key_t><<<grid, threads, 0, stream>>>(
-          table, stride_bytes, rows, keys, pos, n, chunks, out, row_bytes, dedupe);
-    }
+    launch_rows<U, U, 1, key_t>(table, stride_bytes, rows, keys, pos, n, row_bytes / unit, out,
+                                row_bytes, dedupe, max_sms, device, stream);
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename in_t, typename out_t, typename key_t>
@@ -369,17 +377,12 @@ void launch_cast(const char* table, int64_t stride_bytes, int64_t rows, const ke
                    aligned(table, sizeof(in_t) * V) && aligned(out, sizeof(out_t) * V);
   const int64_t out_row_bytes = width * static_cast<int64_t>(sizeof(out_t));
   if (vec) {
-    const int64_t chunks = width / V;
-    const int64_t grid =
-        gather_grid(n * chunks, chunks, max_sms, device, rows * stride_bytes);
-    gather_kernel<in_t, out_t, V, key_t><<<grid, kThreads, 0, stream>>>(
-        table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe);
+    launch_rows<in_t, out_t, V, key_t>(table, stride_bytes, rows, keys, pos, n, width / V, out,
+                                       out_row_bytes, dedupe, max_sms, device, stream);
   } else {
-    const int64_t grid = gather_grid(n * width, width, max_sms, device, rows * stride_bytes);
-    gather_kernel<in_t, out_t, 1, key_t><<<grid, kThreads, 0, stream>>>(
-        table, stride_bytes, rows, keys, pos, n, width, out, out_row_bytes, dedupe);
+    launch_rows<in_t, out_t, 1, key_t>(table, stride_bytes, rows, keys, pos, n, width, out,
+                                       out_row_bytes, dedupe, max_sms, device, stream);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 bool castable(c10::ScalarType t) {
