@@ -33,6 +33,9 @@ class TestGatherBench(TestCase):
                 self.assertGreater(t["GBps"], 0)
                 self.assertAlmostEqual(t["GBps"], p["bytes"] / t["median_s"] / 1e9)
                 self.assertIn("cpu_centric", p["speedup_vs"])
+                # the rows of ours (and on a GPU of ours_hybrid) against a CPU gather
+                self.assertTrue(p["checked"]["ours"])
+                self.assertTrue(all(p["checked"].values()), p["checked"])
             self.assertIn("speedup", r.stdout)
 
     def test_methods_option_times_ours_and_the_named_ones(self):

@@ -301,8 +301,8 @@ class TestGatherKernelCUDA(TestCase):
                     self.check(src.half(), idx, dtype=torch.float32)
 
     def test_row_per_block_kernel(self):
-        # The one-block-per-row kernel (the default on tables of 8 GB and more), forced here on
-        # small tables by TORCH_DIRECT_GATHER_KERNEL=rowblock: every load width, row size, order,
+        # The one-block-per-row kernel (meant as the default on tables of 8 GB and more once
+        # this test has passed on a GPU), forced on small tables by TORCH_DIRECT_GATHER_KERNEL=rowblock: every load width, row size, order,
         # repeats, a strided table, fused casts (4 elements a load, and 1 where the row is odd).
         g = torch.Generator().manual_seed(1)
         with mock.patch.dict(os.environ, {"TORCH_DIRECT_GATHER_KERNEL": "rowblock"}):

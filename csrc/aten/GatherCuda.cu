@@ -211,7 +211,7 @@ gather_kernel(const char* __restrict__ table, int64_t row_stride_bytes, int64_t 
 // scheduler then keeps at most its resident blocks' rows in flight (32 blocks an SM on
 // sm_90), started in entry order as earlier ones finish: on a sorted index a window that
 // slides through the table in address order, without the lockstep of a grid-stride loop.
-// Used on large tables (use_row_per_block below), for copies and fused casts alike.
+// For copies and fused casts alike; chosen by use_row_per_block below.
 template <typename in_t, typename out_t, int V, typename key_t>
 __global__ void gather_row_per_block_kernel(const char* __restrict__ table, int64_t row_stride_bytes,
                                             int64_t rows, const key_t* __restrict__ keys,
@@ -275,12 +275,16 @@ int64_t window_rows(int64_t table_bytes) {
   return table_bytes >= kLargeTableBytes ? kLargeTableWindowRows : 0;
 }
 
-// Which read kernel copies rows of a table of table_bytes: one block per row on large tables,
-// where it matched or beat stock index_select's read of the sorted index and the windowed
-// grid-stride kernel did not (H200, 32 GB, 400K random indices, ours / naive_uva_sorted at
-// 128 / 256 / 512 / 1024 B: 1.00 / 1.01 / 1.05 / 1.06 against 0.95 / 0.92 / 0.86 / 1.05;
-// results/gather_32gb_kernel-*.json); the grid-stride kernel elsewhere (small tables reach
-// 0.9x memcpy with it). TORCH_DIRECT_GATHER_KERNEL=rowblock or =grid forces either.
+// Which read kernel gathers rows of a table of table_bytes. One block per row matched or beat
+// stock index_select's read of the sorted index on a large table where the windowed grid-stride
+// kernel did not (H200, 32 GB, 400K random indices, ours / naive_uva_sorted at 128 / 256 / 512 /
+// 1024 B: 1.00 / 1.01 / 1.05 / 1.06 against 0.95 / 0.92 / 0.86 / 1.05;
+// results/gather_32gb_kernel-*.json). It is meant to be the default on tables of
+// kLargeTableBytes and more (the grid-stride kernel reaches 0.9x memcpy on small ones), and
+// becomes so once its GPU tests have run: until then TORCH_DIRECT_GATHER_KERNEL=rowblock
+// selects it (and =grid the grid-stride kernel) on any table.
+constexpr bool kRowPerBlockOnLargeTables = false;
+
 bool use_row_per_block(int64_t table_bytes) {
   if (const char* env = std::getenv("TORCH_DIRECT_GATHER_KERNEL")) {
     const std::string k(env);
@@ -292,7 +296,7 @@ bool use_row_per_block(int64_t table_bytes) {
     }
     TORCH_CHECK(k.empty(), "TORCH_DIRECT_GATHER_KERNEL must be rowblock or grid, not '", k, "'");
   }
-  return table_bytes >= kLargeTableBytes;
+  return kRowPerBlockOnLargeTables && table_bytes >= kLargeTableBytes;
 }
 
 // Blocks for `items` work items of which `chunks` make one row.

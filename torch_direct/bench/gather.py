@@ -139,6 +139,7 @@ def run(args) -> int:
     dev = torch.device("cuda") if gpu else torch.device("cpu")
     cpu_threads = args.cpu_threads or os.cpu_count() or 1
     torch.set_num_threads(cpu_threads)  # cpu_centric and the CPU gathers use as many
+    bad_points: list[str] = []
     for gb in tables:
         nbytes = int(gb * 1e9)
         base = torch.empty(nbytes // 4, dtype=torch.float32, device="unified")
@@ -169,6 +170,20 @@ def run(args) -> int:
                 t["Mrows_per_s"] = count / t["median_s"] / 1e6
                 t["cpu_s_per_GB"] = t["cpu_s"] / (moved / 1e9)
                 point["times"][name] = t
+            # The timed paths' rows against a CPU gather of the same index (a fast wrong kernel
+            # must not pass for a fast kernel).
+            host = torch_direct._C._as_cpu_alias(table)
+            want = torch.index_select(host, 0, idx.cpu())
+            point["checked"] = {}
+            for name in ("ours", "ours_hybrid"):
+                if name in point["times"]:
+                    got = (torch_direct.gather(table, idx, cpu_threads=cpu_threads) if name == "ours_hybrid"
+                           else torch_direct.gather(table, idx))
+                    point["checked"][name] = bool(torch.equal(got.cpu(), want))
+            del host, want
+            wrong = [k for k, ok in point["checked"].items() if not ok]
+            if wrong:
+                bad_points.append(f"{gb} GB {point['dtype']} {row_bytes} B {count} {order}: {', '.join(wrong)}")
             ours = point["times"]["ours"]["median_s"]
             # time(reference) / time(ours): above 1, ours is faster
             point["speedup_vs"] = {k: v["median_s"] / ours
@@ -188,6 +203,10 @@ def run(args) -> int:
         print(f"wrote {args.out} and {plot}")
     else:
         print(f"wrote {args.out} (no plot: matplotlib is not installed)")
+    if bad_points:
+        print("gather bench: rows differ from a CPU gather of the same index at " + "; ".join(bad_points),
+              file=sys.stderr)
+        return 1
     return 0
 
 
