@@ -9,7 +9,9 @@ index_select on a CUDA alias of the mapped table), `naive_uva_sorted` (the same
 with sorted indices, rows scattered back to the requested order) and
 `gpu_resident` (the table in GPU memory, where it fits). Prints GB/s, million
 rows/s, each reference's ratio and CPU seconds per GB moved; writes JSON and a
-PNG. Without a usable GPU it says so and times the CPU paths (`ours` and
+PNG. At every point the rows of `ours` and `ours_hybrid` are compared with a CPU
+gather of the same index; a mismatch is reported and the run exits with status 1.
+Without a usable GPU it says so and times the CPU paths (`ours` and
 `cpu_centric`, both gathering into host memory).
 """
 
