@@ -41,8 +41,8 @@
 #include <cstdint>
 #include <limits>
 #include <map>
-#include <string>
 #include <mutex>
+#include <string>
 #include <type_traits>
 
 // PyTorch's own CUDA build wraps cub in a namespace
