@@ -301,8 +301,8 @@ class TestGatherKernelCUDA(TestCase):
                     self.check(src.half(), idx, dtype=torch.float32)
 
     def test_row_per_block_kernel(self):
-        # The one-block-per-row kernel (meant as the default on tables of 8 GB and more once
-        # this test has passed on a GPU), forced on small tables by TORCH_DIRECT_GATHER_KERNEL=rowblock: every load width, row size, order,
+        # The one-block-per-row kernel (the default on tables of 8 GiB and more), forced on small
+        # tables by TORCH_DIRECT_GATHER_KERNEL=rowblock: every load width, row size, order,
         # repeats, a strided table, fused casts (4 elements a load, and 1 where the row is odd).
         g = torch.Generator().manual_seed(1)
         with mock.patch.dict(os.environ, {"TORCH_DIRECT_GATHER_KERNEL": "rowblock"}):
@@ -334,6 +334,36 @@ class TestGatherKernelCUDA(TestCase):
                 torch_direct.gather(u, torch.arange(10, device="cuda"))
         with mock.patch.dict(os.environ, {"TORCH_DIRECT_GATHER_KERNEL": "grid"}):
             self.assertEqual(torch_direct.gather(u, torch.arange(10, device="cuda")).cpu(), u.cpu()[:10])
+
+    def test_large_tables_read_one_block_per_row(self):
+        # A table of 8 GiB takes the one-block-per-row kernel; a gather capped to max_sms SMs,
+        # or TORCH_DIRECT_GATHER_KERNEL=grid, the grid-stride one. Same rows either way.
+        rows = (8 << 30) // 256
+        u = torch.empty(rows, 64, dtype=torch.int32, device="unified")
+        g = torch.Generator().manual_seed(3)
+        picks = torch.randint(0, rows, (300,), generator=g).unique()
+        vals = torch.randint(-2**31, 2**31 - 1, (len(picks), 64), dtype=torch.int32, generator=g)
+        for p, v in zip(picks.tolist(), vals):
+            u[p] = v
+        order = torch.randint(0, len(picks), (5000,), generator=g)
+        idx = picks[order].cuda()
+
+        def kernels_and_rows(**kw):
+            activities = [torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=activities) as prof:
+                y = torch_direct.gather(u, idx, **kw)
+                torch.cuda.synchronize()
+            names = {e.name for e in prof.events()}
+            return {k for k in ("gather_row_per_block_kernel", "gather_kernel")
+                    if any(k + "<" in n for n in names)}, y.cpu()
+
+        for env, kw, want in (({}, {}, {"gather_row_per_block_kernel"}),
+                              ({}, {"max_sms": 8}, {"gather_kernel"}),
+                              ({"TORCH_DIRECT_GATHER_KERNEL": "grid"}, {}, {"gather_kernel"})):
+            with self.subTest(env=env, kw=kw), mock.patch.dict(os.environ, env):
+                used, y = kernels_and_rows(**kw)
+                self.assertEqual(used, want)
+                self.assertEqual(y, vals[order])
 
     def test_unaligned_and_strided_tables(self):
         base = torch.randn(4001, 130)

@@ -32,8 +32,8 @@
 # - papers-hybrid: papers100M-like, CSR on the GPU: gpu_resident (the floor without host reads), then
 #   unified with the hybrid gather on 8 and 12 CPU threads (HYBRID_THREADS), then 12 with --sample-ahead.
 # - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with each of our read kernels,
-#   TORCH_DIRECT_GATHER_KERNEL=grid (grid-stride, windowed; the default) then =rowblock (one block
-#   per row, opt-in until its GPU tests have passed).
+#   TORCH_DIRECT_GATHER_KERNEL=grid (grid-stride, windowed) then =rowblock (one block per row, the
+#   default on tables of 8 GiB and more).
 # - gather-shapes: tools/gather_shape_probe.py (CuPy read kernels of other shapes against stock
 #   index_select on a sorted index, 32 GB table).
 # - gather-probes: tools/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),

@@ -153,13 +153,43 @@ __device__ __forceinline__ Vec<out_t, V> convert(const Vec<in_t, V>& x) {
   }
 }
 
+// The table row entry j reads, or -1 when it reads none: with `dedupe`, j repeats the key
+// before it (the first entry of the run writes for all of it); or the row lies outside the
+// table, which the host check before every launch makes unreachable (never read outside it).
+template <typename key_t>
+__device__ __forceinline__ int64_t row_to_read(const key_t* __restrict__ keys, int64_t j,
+                                               int64_t rows, bool dedupe) {
+  const key_t k = keys[j];
+  if (dedupe && j > 0 && keys[j - 1] == k) {
+    return -1;
+  }
+  const int64_t r = to_row(k, rows);
+  return r >= 0 && r < rows ? r : -1;
+}
+
+// Store chunk c of entry j's row at its output position and, with `dedupe`, at those of the
+// entries after it that repeat its key.
+template <typename OutV, typename key_t>
+__device__ __forceinline__ void write_run(const OutV& o, char* __restrict__ out, int64_t out_row_bytes,
+                                          const key_t* __restrict__ keys,
+                                          const int32_t* __restrict__ pos, int64_t n, int64_t j,
+                                          int64_t c, bool dedupe) {
+  const key_t k = keys[j];
+  for (int64_t e = j;;) {
+    const int64_t p = pos == nullptr ? e : static_cast<int64_t>(pos[e]);
+    reinterpret_cast<OutV*>(out + p * out_row_bytes)[c] = o;
+    if (!dedupe || ++e >= n || keys[e] != k) {
+      break;
+    }
+  }
+}
+
 template <typename in_t, typename out_t, int V, typename key_t>
 __global__ void __launch_bounds__(kThreads)
 gather_kernel(const char* __restrict__ table, int64_t row_stride_bytes, int64_t rows,
               const key_t* __restrict__ keys, const int32_t* __restrict__ pos, int64_t n,
               int64_t chunks, char* __restrict__ out, int64_t out_row_bytes, bool dedupe) {
   using InV = Vec<in_t, V>;
-  using OutV = Vec<out_t, V>;
   const int64_t total = n * chunks;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads * kUnroll;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
@@ -176,31 +206,18 @@ gather_kernel(const char* __restrict__ table, int64_t row_stride_bytes, int64_t 
         const int64_t j = item / chunks;
         entry[u] = j;
         chunk[u] = item - j * chunks;
-        const key_t k = keys[j];
-        if (!(dedupe && j > 0 && keys[j - 1] == k)) {
+        const int64_t r = row_to_read(keys, j, rows, dedupe);
+        if (r >= 0) {
           live[u] = true;
-          const int64_t r = to_row(k, rows);
-          if (r >= 0 && r < rows) {
-            val[u] = reinterpret_cast<const InV*>(table + r * row_stride_bytes)[chunk[u]];
-          } else {  // unreachable after the host check; never read outside the table
-            val[u] = InV{};
-          }
+          val[u] = reinterpret_cast<const InV*>(table + r * row_stride_bytes)[chunk[u]];
         }
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (!live[u]) {
-        continue;
-      }
-      const OutV o = convert<in_t, out_t, V>(val[u]);
-      const key_t k = keys[entry[u]];
-      for (int64_t j = entry[u];;) {
-        const int64_t p = pos == nullptr ? j : static_cast<int64_t>(pos[j]);
-        reinterpret_cast<OutV*>(out + p * out_row_bytes)[chunk[u]] = o;
-        if (!dedupe || ++j >= n || keys[j] != k) {
-          break;
-        }
+      if (live[u]) {
+        write_run(convert<in_t, out_t, V>(val[u]), out, out_row_bytes, keys, pos, n, entry[u],
+                  chunk[u], dedupe);
       }
     }
   }
@@ -218,26 +235,14 @@ __global__ void gather_row_per_block_kernel(const char* __restrict__ table, int6
                                             const int32_t* __restrict__ pos, int64_t n, int64_t chunks,
                                             char* __restrict__ out, int64_t out_row_bytes, bool dedupe) {
   using InV = Vec<in_t, V>;
-  using OutV = Vec<out_t, V>;
   const int64_t j = blockIdx.x;
-  const key_t k = keys[j];
-  if (dedupe && j > 0 && keys[j - 1] == k) {
-    return;  // the first entry of a run of equal keys writes every position of the run
-  }
-  const int64_t r = to_row(k, rows);
-  if (r < 0 || r >= rows) {
-    return;  // unreachable after the host check; never read outside the table
+  const int64_t r = row_to_read(keys, j, rows, dedupe);
+  if (r < 0) {
+    return;
   }
   const InV* src = reinterpret_cast<const InV*>(table + r * row_stride_bytes);
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-    const OutV o = convert<in_t, out_t, V>(src[c]);
-    for (int64_t e = j;;) {
-      const int64_t p = pos == nullptr ? e : static_cast<int64_t>(pos[e]);
-      reinterpret_cast<OutV*>(out + p * out_row_bytes)[c] = o;
-      if (!dedupe || ++e >= n || keys[e] != k) {
-        break;
-      }
-    }
+    write_run(convert<in_t, out_t, V>(src[c]), out, out_row_bytes, keys, pos, n, j, c, dedupe);
   }
 }
 
@@ -279,11 +284,11 @@ int64_t window_rows(int64_t table_bytes) {
 // stock index_select's read of the sorted index on a large table where the windowed grid-stride
 // kernel did not (H200, 32 GB, 400K random indices, ours / naive_uva_sorted at 128 / 256 / 512 /
 // 1024 B: 1.00 / 1.01 / 1.05 / 1.06 against 0.95 / 0.92 / 0.86 / 1.05;
-// results/gather_32gb_kernel-*.json). It is meant to be the default on tables of
-// kLargeTableBytes and more (the grid-stride kernel reaches 0.9x memcpy on small ones), and
-// becomes so once its GPU tests have run: until then TORCH_DIRECT_GATHER_KERNEL=rowblock
-// selects it (and =grid the grid-stride kernel) on any table.
-constexpr bool kRowPerBlockOnLargeTables = false;
+// results/gather_32gb_kernel-*.json), so it is the default on tables of kLargeTableBytes and
+// more; the grid-stride kernel keeps smaller tables (where it reaches 0.9x memcpy) and any
+// gather capped to max_sms SMs (one block per row cannot be capped).
+// TORCH_DIRECT_GATHER_KERNEL=rowblock or =grid forces one kernel on any table.
+constexpr bool kRowPerBlockOnLargeTables = true;
 
 bool use_row_per_block(int64_t table_bytes) {
   if (const char* env = std::getenv("TORCH_DIRECT_GATHER_KERNEL")) {
