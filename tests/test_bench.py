@@ -18,13 +18,14 @@ class TestGatherBench(TestCase):
     def test_small_run_writes_a_complete_record(self):
         with tempfile.TemporaryDirectory() as d:
             out = Path(d) / "g.json"
+            # fp16 views of the random fp32 table hold NaNs: the row check compares bits
             r = bench("gather", "--table-gb", "0.01", "--row-bytes", "128,200", "--indices", "3000",
-                      "--dtypes", "fp32", "--orders", "random", "--repeats", "2", "--out", str(out))
+                      "--dtypes", "fp32,fp16", "--orders", "random", "--repeats", "2", "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             rec = json.loads(out.read_text())
             self.assertEqual(rec["benchmark"], "gather")
             self.assertIn("torch", rec["machine"])
-            self.assertEqual(len(rec["points"]), 2)
+            self.assertEqual(len(rec["points"]), 4)
             for p in rec["points"]:
                 self.assertIn("ours", p["times"])
                 self.assertIn("cpu_centric", p["times"])
@@ -37,6 +38,16 @@ class TestGatherBench(TestCase):
                 self.assertTrue(p["checked"]["ours"])
                 self.assertTrue(all(p["checked"].values()), p["checked"])
             self.assertIn("speedup", r.stdout)
+
+    def test_row_check_compares_bits(self):
+        import torch
+        from torch_direct.bench.gather import _same_bits
+
+        a = torch.tensor([1.0, float("nan"), -0.0], dtype=torch.float16)
+        self.assertTrue(_same_bits(a, a.clone()))
+        self.assertFalse(_same_bits(a, torch.tensor([1.0, float("nan"), 0.0], dtype=torch.float16)))
+        self.assertFalse(_same_bits(a, a.float()))
+        self.assertFalse(_same_bits(a, a[:2]))
 
     def test_methods_option_times_ours_and_the_named_ones(self):
         with tempfile.TemporaryDirectory() as d:
