@@ -238,6 +238,11 @@ class TestHybridPolicy(TestCase):
         picks = self.replay(calls + [(1000, 500, 0.0025, 0.0025)])
         self.assertGreater(picks[-1], 0.05)
 
+    def test_fraction_query_rejects_bad_sizes(self):
+        for kw in ({"row_bytes": 0}, {"row_bytes": 2.5}, {"row_bytes": 64, "table_bytes": -1}):
+            with self.subTest(**kw), self.assertRaisesRegex(ValueError, "hybrid_cpu_fraction"):
+                torch_direct.hybrid_cpu_fraction(**kw)
+
     def test_split_stays_within_bounds(self):
         self.assertEqual(self.replay([self.WARM_UP, (1000, 500, 100.0, 1e-4), (1000, 0, 0.0, 1e-1)])[-1], 0.05)
         self.assertEqual(self.replay([self.WARM_UP, (1000, 500, 1e-4, 100.0), (1000, 0, 0.0, 100.0)])[-1], 0.95)
@@ -514,6 +519,9 @@ class TestGatherKernelCUDA(TestCase):
         f = torch_direct.hybrid_cpu_fraction(200)  # measured by the calls above
         self.assertNotEqual(f, 0.25)
         self.assertTrue(f == 0.0 or 0.05 <= f <= 0.95, f)  # 0: the GPU alone was faster
+        self.assertEqual(torch_direct.hybrid_cpu_fraction(200, table_bytes=u.nbytes), f)
+        # rates measured on a small table say nothing of a large one's (8 GiB and more)
+        self.assertEqual(torch_direct.hybrid_cpu_fraction(200, table_bytes=8 << 30), 0.25)
         out = torch.empty(30000, 100, dtype=torch.float16, device="cuda")
         self.assertIs(torch_direct.gather(u, idx.cuda(), out=out, cpu_threads=1), out)
         self.assertEqual(out.cpu(), ref)

@@ -72,12 +72,12 @@ def main():
         chosen = []
 
         def auto():
-            chosen.append(round(torch_direct.hybrid_cpu_fraction(row_bytes), 3))
+            chosen.append(round(torch_direct.hybrid_cpu_fraction(row_bytes, table_bytes=nbytes), 3))
             return torch_direct.gather(table, idx, cpu_threads=threads)
 
         rec["hybrid_auto"] = moved / med(auto, reps=9) / 1e9
         rec["auto_fractions"] = chosen
-        rec["auto_fraction"] = torch_direct.hybrid_cpu_fraction(row_bytes)
+        rec["auto_fraction"] = torch_direct.hybrid_cpu_fraction(row_bytes, table_bytes=nbytes)
         report(res, rec, digits=2)
     write_points(out, res)
 

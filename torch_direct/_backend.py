@@ -79,7 +79,7 @@ class _ForkC(types.ModuleType):
                 setattr(self, name, getattr(native, name))
         else:
             # As the extension built without CUDA answers.
-            self._hybrid_cpu_fraction = lambda device, row_bytes: 0.0
+            self._hybrid_cpu_fraction = lambda device, row_bytes, table_bytes: 0.0
 
     def _built_with_cuda(self) -> bool:
         # Whether the fork binds the ordered/hybrid CUDA gather kernels, which

@@ -13,11 +13,20 @@ _ORDERS = {"auto": 0, "sort": 1, "as_is": 2}
 _CASTABLE = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def hybrid_cpu_fraction(row_bytes: int, device: int | None = None) -> float:
-    """The CPU share a hybrid gather of rows of ``row_bytes`` would use now."""
+def hybrid_cpu_fraction(row_bytes: int, device: int | None = None, table_bytes: int = 0) -> float:
+    """The CPU share a hybrid gather of rows of ``row_bytes`` from a table of ``table_bytes``
+    would use now (0.25 before any hybrid call has measured the two paths' rates).
+
+    Rates are kept per device, row size and table size class (below 8 GiB, or 8 GiB and
+    more: on a large table each row read costs the GPU an address translation of its own,
+    and its rate drops several times), so ``table_bytes`` picks the class."""
     if device is None:
         device = torch.cuda.current_device() if torch.cuda.is_available() else 0
-    return _C._hybrid_cpu_fraction(device, row_bytes)
+    if not isinstance(row_bytes, int) or row_bytes <= 0:
+        raise ValueError(f"hybrid_cpu_fraction: row_bytes must be a positive int, got {row_bytes!r}")
+    if not isinstance(table_bytes, int) or table_bytes < 0:
+        raise ValueError(f"hybrid_cpu_fraction: table_bytes must be an int >= 0, got {table_bytes!r}")
+    return _C._hybrid_cpu_fraction(device, row_bytes, table_bytes)
 
 
 def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | None = None,

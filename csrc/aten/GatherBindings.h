@@ -39,8 +39,8 @@ inline void bind_gathers(pybind11::module& m) {
     return native::gather_rows_hybrid(table, index, out, cpu_threads, cpu_fraction,
                                       static_cast<native::GatherOrder>(order), max_sms, "gather");
   }, no_gil());
-  m.def("_hybrid_cpu_fraction", [](int64_t device, int64_t row_bytes) {
-    return native::hybrid_cpu_fraction(static_cast<c10::DeviceIndex>(device), row_bytes);
+  m.def("_hybrid_cpu_fraction", [](int64_t device, int64_t row_bytes, int64_t table_bytes) {
+    return native::hybrid_cpu_fraction(static_cast<c10::DeviceIndex>(device), row_bytes, table_bytes);
   });
 #endif
 }

@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -550,7 +551,10 @@ void launch_gather(const at::Tensor& table, const at::Tensor& idx, at::Tensor& o
   }
 }
 
-// The hybrid gather's measured rates per (device, row bytes); see HybridSplit.h.
+// The hybrid gather's measured rates per (device, row bytes, table of kLargeTableBytes or more);
+// see HybridSplit.h. The GPU path's rate depends on the table's size as much as on the row's
+// (H200, 400K random 128 B rows: 43 GB/s from a 1 GB table, 7 from a 32 GB one), so rates
+// measured on a small table would misplace the split on a large one.
 std::mutex& rates_mutex() {
   static std::mutex m;
   return m;
@@ -560,8 +564,12 @@ std::mutex& rates_mutex() {
 // more of each piece's start-up).
 constexpr int64_t kHybridPieces = 8;
 constexpr int64_t kHybridPieceBytes = int64_t(4) << 20;
-std::map<std::pair<int, int64_t>, HybridRates>& rates() {
-  static std::map<std::pair<int, int64_t>, HybridRates> r;
+using RateKey = std::tuple<int, int64_t, bool>;
+RateKey rate_key(c10::DeviceIndex device, int64_t row_bytes, int64_t table_bytes) {
+  return {static_cast<int>(device), row_bytes, table_bytes >= kLargeTableBytes};
+}
+std::map<RateKey, HybridRates>& rates() {
+  static std::map<RateKey, HybridRates> r;
   return r;
 }
 
@@ -597,9 +605,11 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   c10::cuda::CUDAGuard guard(index.device());
   const at::Tensor idx = index.contiguous();
   const int64_t width = row_width(table);
-  const auto key = std::make_pair(static_cast<int>(idx.device().index()),
-                                  width * static_cast<int64_t>(table.element_size()));
-  double f = cpu_fraction < 0 ? hybrid_cpu_fraction(key.first, key.second) : cpu_fraction;
+  const int64_t row_bytes = width * static_cast<int64_t>(table.element_size());
+  const int64_t table_bytes = rows * table.stride(0) * static_cast<int64_t>(table.element_size());
+  const RateKey key = rate_key(idx.device().index(), row_bytes, table_bytes);
+  double f = cpu_fraction < 0 ? hybrid_cpu_fraction(idx.device().index(), row_bytes, table_bytes)
+                              : cpu_fraction;
   f = std::min(1.0, std::max(0.0, f));
   const int64_t k = static_cast<int64_t>(std::llround(f * static_cast<double>(n)));
 
@@ -694,9 +704,9 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   return f;
 }
 
-double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes) {
+double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes, int64_t table_bytes) {
   std::lock_guard<std::mutex> g(rates_mutex());
-  const auto it = rates().find({static_cast<int>(device), row_bytes});
+  const auto it = rates().find(rate_key(device, row_bytes, table_bytes));
   return choose_hybrid_fraction(it == rates().end() ? HybridRates{} : it->second);
 }
 

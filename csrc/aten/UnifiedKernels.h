@@ -124,9 +124,10 @@ int64_t row_width(const at::Tensor& table);
 double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                           int64_t cpu_threads, double cpu_fraction, GatherOrder order,
                           int64_t max_sms, const char* op);
-// The CPU share the hybrid gather would pick now for rows of row_bytes
-// (measured rates, kept within [0.05, 0.95]; 0.25 before any measurement).
-double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes);
+// The CPU share the hybrid gather would pick now for rows of row_bytes from a table of
+// table_bytes (rates measured on tables of its size class: below 8 GiB, or 8 GiB and more;
+// kept within [0.05, 0.95]; 0.25 before any measurement).
+double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes, int64_t table_bytes);
 
 // Resize the bytes of a unified storage (used by resize_ and the hooks).
 void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes);

@@ -84,7 +84,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(false, "torch_direct was built without CUDA");
     return 0.0;
   });
-  m.def("_hybrid_cpu_fraction", [](int64_t, int64_t) { return 0.0; });
+  m.def("_hybrid_cpu_fraction", [](int64_t, int64_t, int64_t) { return 0.0; });
 #endif
   m.def("_parallel_threads_used", [](int64_t chunks) {
     // How many distinct threads parallel_chunks runs `chunks` chunks on.
