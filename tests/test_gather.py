@@ -1,6 +1,7 @@
 """torch_direct.gather: values, casts, index forms, out buffers, bounds."""
 
 import os
+import re
 from unittest import mock
 
 import torch
@@ -239,7 +240,8 @@ class TestHybridPolicy(TestCase):
         self.assertGreater(picks[-1], 0.05)
 
     def test_fraction_query_rejects_bad_sizes(self):
-        for kw in ({"row_bytes": 0}, {"row_bytes": 2.5}, {"row_bytes": 64, "table_bytes": -1}):
+        for kw in ({"row_bytes": 0}, {"row_bytes": 2.5}, {"row_bytes": True},
+                   {"row_bytes": 64, "table_bytes": -1}):
             with self.subTest(**kw), self.assertRaisesRegex(ValueError, "hybrid_cpu_fraction"):
                 torch_direct.hybrid_cpu_fraction(**kw)
 
@@ -359,13 +361,18 @@ class TestGatherKernelCUDA(TestCase):
                 y = torch_direct.gather(u, idx, **kw)
                 torch.cuda.synchronize()
             names = {e.name for e in prof.events()}
+            # the index check's kernel: the profiler saw our kernels at all
+            self.assertTrue(any("index_stats_kernel" in n for n in names), sorted(names))
             return {k for k in ("gather_row_per_block_kernel", "gather_kernel")
-                    if any(k + "<" in n for n in names)}, y.cpu()
+                    if any(re.search(r"(^|[\s:])" + k + "<", n) for n in names)}, y.cpu()
 
         for env, kw, want in (({}, {}, {"gather_row_per_block_kernel"}),
                               ({}, {"max_sms": 8}, {"gather_kernel"}),
                               ({"TORCH_DIRECT_GATHER_KERNEL": "grid"}, {}, {"gather_kernel"})):
             with self.subTest(env=env, kw=kw), mock.patch.dict(os.environ, env):
+                for var in ("TORCH_DIRECT_GATHER_KERNEL", "TORCH_DIRECT_GATHER_WINDOW_ROWS"):
+                    if var not in env:
+                        os.environ.pop(var, None)  # not inherited from the caller's environment
                 used, y = kernels_and_rows(**kw)
                 self.assertEqual(used, want)
                 self.assertEqual(y, vals[order])

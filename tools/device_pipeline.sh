@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
 # extension: the end-to-end pipeline figures of issue 5, in one call.
 #
-#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-all|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
+#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-all|papers-all-ahead|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -31,10 +31,12 @@
 #   `--graph gpu` run first, in the same call; LEVERS_NO_CACHE_ALONE=1: without the cache-only run).
 # - papers-hybrid: papers100M-like, CSR on the GPU: gpu_resident (the floor without host reads), then
 #   unified with the hybrid gather on 8 and 12 CPU threads (HYBRID_THREADS), then 12 with --sample-ahead.
+# - papers-data: papers100M-like generated (up to 400 s: in a call of its own, before the
+#   papers-* steps, which otherwise generate it first on a fresh machine).
 # - papers-all: papers100M-like, CSR on the GPU, every locality lever at once (`--reorder degree
 #   --merge-gathers --cache-mb 8192`: on products-like together 1.31x, on papers100M-like not yet
-#   run), then the same with --sample-ahead (sampling beside the gather since the gathers let go
-#   of the GIL).
+#   run); papers-all-ahead: the same with --sample-ahead (sampling beside the gather since the
+#   gathers let go of the GIL). One call each: reordering copies the 36 GB table.
 # - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with each of our read kernels,
 #   TORCH_DIRECT_GATHER_KERNEL=grid (grid-stride, windowed) then =rowblock (one block per row, the
 #   default on tables of 8 GiB and more).
@@ -173,11 +175,14 @@ case "$what" in
     done
     bench papers100M-like_graph-gpu_hybrid12_sample-ahead 150 --dataset papers100M-like --epochs 2 \
       --pipelines unified --graph gpu --gather-cpu-threads 12 --sample-ahead --test-nodes 100000 ;;
-  papers-all)  # every locality lever on papers100M-like (issue 5's <= 4 s), then with sampling ahead
+  papers-data) papers_data_once ;;
+  papers-all)  # every locality lever on papers100M-like (issue 5's <= 4 s)
     papers_data_once
-    bench papers100M-like_graph-gpu_all-levers 240 --dataset papers100M-like --epochs 2 --pipelines unified \
-      --graph gpu --reorder degree --merge-gathers --cache-mb 8192 --test-nodes 100000
-    bench papers100M-like_graph-gpu_all-levers_sample-ahead 240 --dataset papers100M-like --epochs 2 \
+    bench papers100M-like_graph-gpu_all-levers 400 --dataset papers100M-like --epochs 2 --pipelines unified \
+      --graph gpu --reorder degree --merge-gathers --cache-mb 8192 --test-nodes 100000 ;;
+  papers-all-ahead)  # the same with sampling ahead, on its own stream
+    papers_data_once
+    bench papers100M-like_graph-gpu_all-levers_sample-ahead 400 --dataset papers100M-like --epochs 2 \
       --pipelines unified --graph gpu --reorder degree --merge-gathers --cache-mb 8192 --sample-ahead \
       --test-nodes 100000 ;;
   scaling) scaling ;;
@@ -197,5 +202,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-all, profile, gather-probes, gather-kernels, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-all, papers-all-ahead, profile, gather-probes, gather-kernels, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
 esac

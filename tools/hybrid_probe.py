@@ -54,6 +54,7 @@ def main():
     for row_bytes in (int(x) for x in os.environ.get("PROBE_ROWS", "128,512,1024").split(",")):
         rows = nbytes // row_bytes
         table = base[: rows * row_bytes // 4].view(rows, row_bytes // 4)
+        table_bytes = table.shape[0] * table.stride(0) * table.element_size()  # as the gather counts it
         idx = torch.randint(0, rows, (400000,), generator=g).cuda()
         m = _methods(table, idx, True, None, threads)
         moved = 400000 * row_bytes
@@ -72,12 +73,12 @@ def main():
         chosen = []
 
         def auto():
-            chosen.append(round(torch_direct.hybrid_cpu_fraction(row_bytes, table_bytes=nbytes), 3))
+            chosen.append(round(torch_direct.hybrid_cpu_fraction(row_bytes, table_bytes=table_bytes), 3))
             return torch_direct.gather(table, idx, cpu_threads=threads)
 
         rec["hybrid_auto"] = moved / med(auto, reps=9) / 1e9
         rec["auto_fractions"] = chosen
-        rec["auto_fraction"] = torch_direct.hybrid_cpu_fraction(row_bytes, table_bytes=nbytes)
+        rec["auto_fraction"] = torch_direct.hybrid_cpu_fraction(row_bytes, table_bytes=table_bytes)
         report(res, rec, digits=2)
     write_points(out, res)
 

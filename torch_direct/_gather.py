@@ -19,12 +19,14 @@ def hybrid_cpu_fraction(row_bytes: int, device: int | None = None, table_bytes: 
 
     Rates are kept per device, row size and table size class (below 8 GiB, or 8 GiB and
     more: on a large table each row read costs the GPU an address translation of its own,
-    and its rate drops several times), so ``table_bytes`` picks the class."""
+    and its rate drops several times), so ``table_bytes`` picks the class; the gather counts
+    a table's bytes as ``t.shape[0] * t.stride(0) * t.element_size()``. The default, 0,
+    asks for the small class."""
     if device is None:
         device = torch.cuda.current_device() if torch.cuda.is_available() else 0
-    if not isinstance(row_bytes, int) or row_bytes <= 0:
+    if isinstance(row_bytes, bool) or not isinstance(row_bytes, int) or row_bytes <= 0:
         raise ValueError(f"hybrid_cpu_fraction: row_bytes must be a positive int, got {row_bytes!r}")
-    if not isinstance(table_bytes, int) or table_bytes < 0:
+    if isinstance(table_bytes, bool) or not isinstance(table_bytes, int) or table_bytes < 0:
         raise ValueError(f"hybrid_cpu_fraction: table_bytes must be an int >= 0, got {table_bytes!r}")
     return _C._hybrid_cpu_fraction(device, row_bytes, table_bytes)
 
@@ -59,7 +61,8 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
     that many CPU threads gather the first part of the index into pinned
     memory, copied to the GPU on a side stream, while the GPU kernel reads
     the rest in place, so both paths move rows at once. The split comes from
-    the rates measured in earlier hybrid calls for the same row size, or is
+    the rates measured in earlier hybrid calls for the same row size and table
+    size class (below 8 GiB or not; see :func:`hybrid_cpu_fraction`), or is
     ``cpu_fraction`` when given. A hybrid call returns when its rows are on
     the GPU. ``cpu_threads=0`` (the default) is purely GPU-centric.
     """

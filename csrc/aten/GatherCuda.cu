@@ -156,7 +156,8 @@ __device__ __forceinline__ Vec<out_t, V> convert(const Vec<in_t, V>& x) {
 
 // The table row entry j reads, or -1 when it reads none: with `dedupe`, j repeats the key
 // before it (the first entry of the run writes for all of it); or the row lies outside the
-// table, which the host check before every launch makes unreachable (never read outside it).
+// table, which the host check before every launch makes unreachable (never read outside it;
+// such an entry's output row would be left unwritten).
 template <typename key_t>
 __device__ __forceinline__ int64_t row_to_read(const key_t* __restrict__ keys, int64_t j,
                                                int64_t rows, bool dedupe) {
@@ -554,7 +555,8 @@ void launch_gather(const at::Tensor& table, const at::Tensor& idx, at::Tensor& o
 // The hybrid gather's measured rates per (device, row bytes, table of kLargeTableBytes or more);
 // see HybridSplit.h. The GPU path's rate depends on the table's size as much as on the row's
 // (H200, 400K random 128 B rows: 43 GB/s from a 1 GB table, 7 from a 32 GB one), so rates
-// measured on a small table would misplace the split on a large one.
+// measured on a small table would misplace the split on a large one. (A max_sms cap, which
+// also changes the kernel on large tables, is not part of the key: callers keep one cap.)
 std::mutex& rates_mutex() {
   static std::mutex m;
   return m;
