@@ -54,8 +54,9 @@ class TestGatherBench(TestCase):
             out = Path(d) / "g.json"
             r = bench("gather", "--table-gb", "0.01", "--row-bytes", "128", "--indices", "2000",
                       "--dtypes", "fp32", "--orders", "random", "--repeats", "1", "--methods",
-                      "naive_uva_sorted", "--out", str(out))
+                      "naive_uva_sorted", "--no-progress", "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            self.assertNotIn("table 0.01 GB", r.stderr)  # --no-progress: no bar
             (p,) = json.loads(out.read_text())["points"]
             # on a machine without CUDA only the CPU methods exist: cpu_centric is left out
             self.assertEqual(set(p["times"]) - {"naive_uva_sorted"}, {"ours"})

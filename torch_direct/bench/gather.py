@@ -55,6 +55,8 @@ def add_arguments(ap) -> None:
                          + ", ".join(METHODS[1:]) + "); ours is always timed, the ratios are to it")
     ap.add_argument("--cpu-threads", type=int, default=None,
                     help="CPU threads of the hybrid mode and of cpu_centric (default: all cores)")
+    ap.add_argument("--no-progress", action="store_true",
+                    help="no progress bar (for logs), as in the other benchmarks")
 
 
 METHODS = ("ours", "memcpy", "cpu_centric", "ours_hybrid", "naive_uva", "naive_uva_sorted", "gpu_resident")
@@ -156,7 +158,8 @@ def run(args) -> int:
         base = torch.empty(nbytes // 4, dtype=torch.float32, device="unified")
         base.uniform_(-1, 1)  # random data: zeros would hide unwritten rows and run faster
         grid = list(itertools.product(dtypes, rows, counts, orders))
-        for dtype, row_bytes, count, order in progress(grid, len(grid), f"table {gb} GB"):
+        points = grid if args.no_progress else progress(grid, len(grid), f"table {gb} GB")
+        for dtype, row_bytes, count, order in points:
             es = torch.tensor([], dtype=dtype).element_size()
             if row_bytes % es:
                 continue
