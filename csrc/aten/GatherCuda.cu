@@ -290,8 +290,6 @@ int64_t window_rows(int64_t table_bytes) {
 // more; the grid-stride kernel keeps smaller tables (where it reaches 0.9x memcpy) and any
 // gather capped to max_sms SMs (one block per row cannot be capped).
 // TORCH_DIRECT_GATHER_KERNEL=rowblock or =grid forces one kernel on any table.
-constexpr bool kRowPerBlockOnLargeTables = true;
-
 bool use_row_per_block(int64_t table_bytes) {
   if (const char* env = std::getenv("TORCH_DIRECT_GATHER_KERNEL")) {
     const std::string k(env);
@@ -303,7 +301,7 @@ bool use_row_per_block(int64_t table_bytes) {
     }
     TORCH_CHECK(k.empty(), "TORCH_DIRECT_GATHER_KERNEL must be rowblock or grid, not '", k, "'");
   }
-  return kRowPerBlockOnLargeTables && table_bytes >= kLargeTableBytes;
+  return table_bytes >= kLargeTableBytes;
 }
 
 // Blocks for `items` work items of which `chunks` make one row.
@@ -343,12 +341,13 @@ template <typename in_t, typename out_t, int V, typename key_t>
 void launch_rows(const char* table, int64_t stride_bytes, int64_t rows, const key_t* keys,
                  const int32_t* pos, int64_t n, int64_t chunks, char* out, int64_t out_row_bytes,
                  bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
-  if (use_row_per_block(rows * stride_bytes) && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max()) {
+  const int64_t table_bytes = rows * stride_bytes;
+  if (use_row_per_block(table_bytes) && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max()) {
     const int64_t threads = std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32);
     gather_row_per_block_kernel<in_t, out_t, V, key_t><<<n, threads, 0, stream>>>(
         table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe);
   } else {
-    const int64_t grid = gather_grid(n * chunks, chunks, max_sms, device, rows * stride_bytes);
+    const int64_t grid = gather_grid(n * chunks, chunks, max_sms, device, table_bytes);
     gather_kernel<in_t, out_t, V, key_t><<<grid, kThreads, 0, stream>>>(
         table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe);
   }
@@ -574,6 +573,11 @@ std::map<RateKey, HybridRates>& rates() {
   static std::map<RateKey, HybridRates> r;
   return r;
 }
+double fraction_for(const RateKey& key) {
+  std::lock_guard<std::mutex> g(rates_mutex());
+  const auto it = rates().find(key);
+  return choose_hybrid_fraction(it == rates().end() ? HybridRates{} : it->second);
+}
 
 } // namespace
 
@@ -610,8 +614,7 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   const int64_t row_bytes = width * static_cast<int64_t>(table.element_size());
   const int64_t table_bytes = rows * table.stride(0) * static_cast<int64_t>(table.element_size());
   const RateKey key = rate_key(idx.device().index(), row_bytes, table_bytes);
-  double f = cpu_fraction < 0 ? hybrid_cpu_fraction(idx.device().index(), row_bytes, table_bytes)
-                              : cpu_fraction;
+  double f = cpu_fraction < 0 ? fraction_for(key) : cpu_fraction;
   f = std::min(1.0, std::max(0.0, f));
   const int64_t k = static_cast<int64_t>(std::llround(f * static_cast<double>(n)));
 
@@ -707,9 +710,7 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
 }
 
 double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes, int64_t table_bytes) {
-  std::lock_guard<std::mutex> g(rates_mutex());
-  const auto it = rates().find(rate_key(device, row_bytes, table_bytes));
-  return choose_hybrid_fraction(it == rates().end() ? HybridRates{} : it->second);
+  return fraction_for(rate_key(device, row_bytes, table_bytes));
 }
 
 } // namespace at::native::unified
