@@ -29,6 +29,12 @@ FAST = ["--threads", "1", "--layers", "builtin", "--hidden", "64", "--batch-size
         "--no-progress"]
 
 
+def train_sampled_batch(ds, fanouts, n: int = 64):
+    """One CPU-sampled batch of ``n`` training seeds of ``ds``."""
+    from torch_direct.graph import NeighborSampler
+    return NeighborSampler(ds.graph, fanouts, seed=0).sample(ds.split["train"][:n])
+
+
 class TestTrain(TestCase):
     @classmethod
     def setUpClass(cls):
@@ -201,6 +207,65 @@ class TestTrain(TestCase):
                                                    targets=torch.tensor([], dtype=torch.long)).shape[0], 0)
         with self.assertRaisesRegex(IndexError, "node ids in"):
             train.layerwise_inference(model, ds.graph, store, torch.device("cpu"), targets=[ds.num_nodes])
+
+    def test_bf16_autocasts_the_model_and_keeps_fp32_weights(self):
+        # The layers compute in bfloat16; the logits come back float32, and the weights and their
+        # gradients stay float32 (autocast, not a bfloat16 model).
+        sb = train_sampled_batch(self.ds, [5, 5])
+        x = self.ds.x[sb.n_id].float()
+        y = self.ds.y[sb.n_id[:sb.batch_size]]
+        for precision, inner in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+            torch.manual_seed(0)
+            model = train.GNN("sage", 32, 16, 8, 2, use_pyg=False, precision=precision)
+            seen = []
+            model.layers[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+            out = model(x, sb.adjs)
+            self.assertEqual((seen, out.dtype), ([inner], torch.float32), msg=precision)
+            torch.nn.functional.cross_entropy(out, y).backward()
+            for name, w in model.named_parameters():
+                self.assertEqual((w.dtype, w.grad.dtype), (torch.float32, torch.float32), msg=name)
+        with self.assertRaisesRegex(ValueError, "precision must be one of"):
+            train.GNN("sage", 32, 16, 8, 2, use_pyg=False, precision="fp8")
+
+    def test_precision_option(self):
+        # bf16 trains tiny as well as fp32 does (the same batches; rounding differs), and the record says so.
+        recs = {p: self.quiet_run("--epochs", "8", "--seed", "0", "--device", "cpu", "--precision", p)
+                for p in ("fp32", "bf16")}
+        self.assertEqual(recs["bf16"][0]["precision"], "bf16")
+        self.assertIn("precision bf16", recs["bf16"][1])
+        self.assertNotIn("precision", recs["fp32"][1].splitlines()[1])
+        accs = {p: r[0]["test_acc"] for p, r in recs.items()}
+        self.assertLess(abs(accs["bf16"] - accs["fp32"]), 0.05, msg=str(accs))
+        self.assertNotEqual(recs["bf16"][0]["epochs"][0]["loss"], recs["fp32"][0]["epochs"][0]["loss"])
+        # TF32 is a GPU format: refused on the CPU before any work, with the matmul setting untouched.
+        before = torch.get_float32_matmul_precision()
+        with self.assertRaisesRegex(ValueError, "--precision tf32 needs a CUDA device"):
+            self.quiet_run("--epochs", "1", "--device", "cpu", "--precision", "tf32")
+        self.assertEqual(torch.get_float32_matmul_precision(), before)
+        with self.assertRaisesRegex(ValueError, "precision must be one of"):
+            with train.model_precision("fp8", "cpu"):
+                pass
+        # Every epoch trains on the current weights: bf16 learns over the epochs as fp32 does (an
+        # autocast around the whole loop would cache the first bfloat16 copy of the weights).
+        losses = [e["loss"] for e in recs["bf16"][0]["epochs"]]
+        self.assertLess(losses[-1], 0.8 * losses[0], msg=str(losses))
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as cm:
+            main(["train", "--precision", "fp16"])
+        self.assertEqual(cm.exception.code, 2)
+
+    @requires_gpu
+    def test_gpu_precisions_learn_and_restore_the_matmul_setting(self):
+        before = torch.get_float32_matmul_precision()
+        accs = {}
+        for p in train.PRECISIONS:
+            rec, _ = self.quiet_run("--epochs", "8", "--seed", "0", "--device", "cuda", "--precision", p)
+            accs[p] = rec["test_acc"]
+            self.assertEqual(torch.get_float32_matmul_precision(), before, msg=p)
+        for p in ("tf32", "bf16"):
+            self.assertLess(abs(accs[p] - accs["fp32"]), 0.05, msg=str(accs))
+        with train.model_precision("tf32", "cuda"):
+            self.assertEqual(torch.get_float32_matmul_precision(), "high")
+        self.assertEqual(torch.get_float32_matmul_precision(), before)
 
     def test_builtin_layers_need_sage(self):
         with self.assertRaisesRegex(RuntimeError, "torch_geometric"):

@@ -260,7 +260,7 @@ def print_table(record: dict) -> None:
     a = record["args"]
     print(f"train: {a['dataset']}, model {a['model']}, hidden {a['hidden']}, fanouts "
           f"{','.join(map(str, a['fanouts']))}, batch {a['batch_size']}, {a['epochs']} epochs, "
-          f"device {record['device']}")
+          f"device {record['device']}" + (f", precision {a['precision']}" if a.get("precision", "fp32") != "fp32" else ""))
     rows = []
     for r in record["rows"]:
         if r["status"] != "ok":

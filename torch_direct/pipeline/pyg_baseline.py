@@ -125,8 +125,8 @@ def run(args, make_loader=None) -> dict:
     """Train as ``args`` say with PyG's loader; print per-epoch lines; return a record shaped as
     ``train.run``'s. ``make_loader`` replaces :func:`neighbor_loader` (tests)."""
     from ..graph._progress import progress
-    from .train import (GNN, _StepTimer, _resolve_device, _sync, correct_count, full_test_accuracy, have_pyg,
-                        load_for_run, test_ids)
+    from .train import (GNN, _StepTimer, _resolve_device, _sync, check_precision, correct_count,
+                        full_test_accuracy, have_pyg, load_for_run, model_precision, test_ids)
 
     make_loader = make_loader or neighbor_loader
     if make_loader is neighbor_loader:
@@ -146,6 +146,8 @@ def run(args, make_loader=None) -> dict:
                          f"one per layer in both")
     if not 0.0 <= args.dropout < 1.0:
         raise ValueError(f"--dropout must be in [0, 1), got {args.dropout}")
+    precision = getattr(args, "precision", "fp32")
+    check_precision(precision, device)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -161,75 +163,76 @@ def run(args, make_loader=None) -> dict:
                                **loader_kw)
     use_pyg = {"auto": None, "pyg": True, "builtin": False}[args.layers]
     model = GNN(args.model, ds.num_features, args.hidden, ds.num_classes, num_layers,
-                dropout=args.dropout, use_pyg=use_pyg).to(device)
+                dropout=args.dropout, use_pyg=use_pyg, precision=precision).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
               "dataset": repr(ds), "backend": model.backend, "sampler": "pyg", "graph": "cpu", "loader": "NeighborLoader",
               "num_workers": workers, "pin_memory": cuda, "block_mode": None, "reorder": args.reorder,
-              "reorder_s": reorder_s, "merge_gathers": 1, "epochs": []}
+              "reorder_s": reorder_s, "merge_gathers": 1, "precision": precision, "epochs": []}
     print(f"train (PyG NeighborLoader): {ds!r}\n  model {args.model} ({model.backend}), device {device}, "
           f"workers {workers}, fanouts {args.fanouts}, batch {args.batch_size}, hidden {args.hidden}", flush=True)
 
-    for epoch in range(1, args.epochs + 1):
-        model.train()
-        steps, moves = _StepTimer(device), _StepTimer(device)
-        correct = seen = 0
-        wait = 0.0
-        loss_sum = torch.zeros((), device=device)
-        _sync(device)
-        t0 = time.perf_counter()
-        with progress(len(train_loader), f"epoch {epoch}", show) as bar:
-            tw = time.perf_counter()
-            it = iter(train_loader)
-            while True:
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    wait += time.perf_counter() - tw
-                    break
-                wait += time.perf_counter() - tw
-                t = moves.start()
-                x, edge_index, y = _move(batch, device, cuda)
-                moves.stop(t)
-                adjs, record["block_mode"] = _adjs_of(batch, edge_index, num_layers)
-                n = y.numel()
-                t = steps.start()
-                opt.zero_grad(set_to_none=True)
-                out = model(x, adjs)[:n]
-                loss = F.cross_entropy(out, y, ignore_index=-1)
-                loss.backward()
-                opt.step()
-                loss_sum += loss.detach() * n
-                correct += correct_count(out, y)
-                seen += n
-                steps.stop(t)
-                bar.update(1)
+    with model_precision(precision, device):  # the same arithmetic as train.run's
+        for epoch in range(1, args.epochs + 1):
+            model.train()
+            steps, moves = _StepTimer(device), _StepTimer(device)
+            correct = seen = 0
+            wait = 0.0
+            loss_sum = torch.zeros((), device=device)
+            _sync(device)
+            t0 = time.perf_counter()
+            with progress(len(train_loader), f"epoch {epoch}", show) as bar:
                 tw = time.perf_counter()
-        _sync(device)
-        total = time.perf_counter() - t0
-        train_s, move_s = steps.total(), moves.total()
-        train_acc = float(correct) / seen if seen else float("nan")
-        valid_acc = evaluate(model, valid_loader, device, num_layers, show, "valid")
-        exposed = {"sample": wait, "gather": 0.0, "transfer": move_s}
-        rec = {"epoch": epoch, "total_s": total, "train_step_s": train_s, "loader_wait_s": wait,
-               "exposed_s": exposed, "batches": len(train_loader),
-               "loss": float(loss_sum) / seen if seen else float("nan"),
-               "train_acc": train_acc, "valid_acc": valid_acc}
-        record["epochs"].append(rec)
-        print(f"epoch {epoch:3d}  total {total:7.3f} s  exposed: loader wait {wait:.3f} transfer {move_s:.3f}  "
-              f"train-step {train_s:.3f} s  loss {rec['loss']:.4f}  train acc {train_acc:.4f}  "
-              f"valid acc {valid_acc:.4f}", flush=True)
+                it = iter(train_loader)
+                while True:
+                    try:
+                        batch = next(it)
+                    except StopIteration:
+                        wait += time.perf_counter() - tw
+                        break
+                    wait += time.perf_counter() - tw
+                    t = moves.start()
+                    x, edge_index, y = _move(batch, device, cuda)
+                    moves.stop(t)
+                    adjs, record["block_mode"] = _adjs_of(batch, edge_index, num_layers)
+                    n = y.numel()
+                    t = steps.start()
+                    opt.zero_grad(set_to_none=True)
+                    out = model(x, adjs)[:n]
+                    loss = F.cross_entropy(out, y, ignore_index=-1)
+                    loss.backward()
+                    opt.step()
+                    loss_sum += loss.detach() * n
+                    correct += correct_count(out, y)
+                    seen += n
+                    steps.stop(t)
+                    bar.update(1)
+                    tw = time.perf_counter()
+            _sync(device)
+            total = time.perf_counter() - t0
+            train_s, move_s = steps.total(), moves.total()
+            train_acc = float(correct) / seen if seen else float("nan")
+            valid_acc = evaluate(model, valid_loader, device, num_layers, show, "valid")
+            exposed = {"sample": wait, "gather": 0.0, "transfer": move_s}
+            rec = {"epoch": epoch, "total_s": total, "train_step_s": train_s, "loader_wait_s": wait,
+                   "exposed_s": exposed, "batches": len(train_loader),
+                   "loss": float(loss_sum) / seen if seen else float("nan"),
+                   "train_acc": train_acc, "valid_acc": valid_acc}
+            record["epochs"].append(rec)
+            print(f"epoch {epoch:3d}  total {total:7.3f} s  exposed: loader wait {wait:.3f} transfer {move_s:.3f}  "
+                  f"train-step {train_s:.3f} s  loss {rec['loss']:.4f}  train acc {train_acc:.4f}  "
+                  f"valid acc {valid_acc:.4f}", flush=True)
 
-    test = test_ids(ds, args.test_nodes, args.data_seed)
-    record["test_nodes"] = test.numel()
-    test_loader = make_loader(data, test, eval_fanouts, args.eval_batch_size, shuffle=False, **loader_kw)
-    record["test_acc"] = evaluate(model, test_loader, device, num_layers, show, "test")
-    line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts}, {test.numel()} nodes)"
-    if args.full_eval:
-        from .features import make_feature_store
-        store = make_feature_store("cpu_centric", ds.x, device, torch.float32)
-        record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show, test=test)
-        line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
+        test = test_ids(ds, args.test_nodes, args.data_seed)
+        record["test_nodes"] = test.numel()
+        test_loader = make_loader(data, test, eval_fanouts, args.eval_batch_size, shuffle=False, **loader_kw)
+        record["test_acc"] = evaluate(model, test_loader, device, num_layers, show, "test")
+        line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts}, {test.numel()} nodes)"
+        if args.full_eval:
+            from .features import make_feature_store
+            store = make_feature_store("cpu_centric", ds.x, device, torch.float32)
+            record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show, test=test)
+            line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
     print(line, flush=True)
     if record["block_mode"] == "full":
         print("pyg: the sampler gave no per-hop counts: every layer ran on the whole subgraph",

@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ from torch import nn
 import torch.nn.functional as F
 
 MODELS = ("sage", "gat", "gin")
+PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 def have_pyg() -> bool:
@@ -104,13 +106,43 @@ def make_layer(model: str, in_dim: int, out_dim: int, last: bool, use_pyg: bool)
     return _PyGLayer(GINConv(mlp, train_eps=True))
 
 
+def check_precision(precision: str, device) -> torch.device:
+    """Refuse a precision the device cannot run (before any data is loaded); the device."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    device = torch.device(device)
+    if precision == "tf32" and device.type != "cuda":
+        raise ValueError(f"--precision tf32 needs a CUDA device (TF32 is a GPU tensor-core format), not {device}")
+    return device
+
+
+@contextmanager
+def model_precision(precision: str, device):
+    """The run-wide side of ``precision`` (see :class:`GNN` for bf16): with ``tf32``, float32
+    matmuls run on TF32 tensor cores inside the block (``torch.set_float32_matmul_precision
+    ("high")``, restored on exit; CUDA only); ``fp32`` and ``bf16`` change nothing here."""
+    device = check_precision(precision, device)
+    if precision != "tf32":
+        yield
+        return
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 class GNN(nn.Module):
     """``num_layers`` message-passing layers over the blocks of a sampled batch
     (``adjs`` in model order); ReLU and dropout between layers."""
 
     def __init__(self, model: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
-                 dropout: float = 0.5, use_pyg: bool | None = None):
+                 dropout: float = 0.5, use_pyg: bool | None = None, precision: str = "fp32"):
         super().__init__()
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        self.precision = precision
         use_pyg = have_pyg() if use_pyg is None else use_pyg
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
         self.layers = nn.ModuleList(make_layer(model, dims[i], dims[i + 1], i == num_layers - 1, use_pyg)
@@ -118,9 +150,24 @@ class GNN(nn.Module):
         self.dropout = dropout
         self.backend = "pyg" if use_pyg else "builtin"
 
+    def autocast(self, device):
+        """The context of this model's arithmetic on ``device``: with precision ``bf16``,
+        autocast to bfloat16 (matmuls and linear layers in bfloat16, weights float32). Entered
+        around each forward pass, never around a whole loop: autocast caches the bfloat16 copies
+        of the weights until it exits, so a loop inside one context would train on stale ones."""
+        if self.precision == "bf16":
+            return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+        return nullcontext()
+
     def forward(self, x, adjs):
+        """Logits of the batch's seeds, float32 whatever the precision."""
         if len(adjs) != len(self.layers):
             raise ValueError(f"GNN: {len(self.layers)} layers but the batch has {len(adjs)} blocks")
+        with self.autocast(x.device):
+            x = self._layers(x, adjs)
+        return x.float()
+
+    def _layers(self, x, adjs):
         for i, (edge_index, _, size) in enumerate(adjs):
             x = self.layers[i](x, edge_index, size)
             if i < len(self.layers) - 1:
@@ -200,6 +247,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=_positive(int), default=256, help="hidden width (default: %(default)s)")
     p.add_argument("--dropout", type=float, default=0.5, help="dropout between layers (default: %(default)s)")
     p.add_argument("--lr", type=_positive(float), default=3e-3, help="Adam learning rate (default: %(default)s)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="the model's arithmetic: fp32 = float32 (torch's default); tf32 = float32 tensors, "
+                        "matmuls on TF32 tensor cores (CUDA only); bf16 = autocast to bfloat16 in training and "
+                        "inference, weights and optimizer in float32. Features are gathered as float32 "
+                        "either way (default: %(default)s)")
     p.add_argument("--device", default=None,
                    help="cuda[:k] or cpu (default: cuda when a usable GPU is present, else cpu)")
     p.add_argument("--sampler", choices=("auto", "cpu", "gpu"), default="auto",
@@ -431,7 +483,8 @@ def layerwise_inference(model: GNN, graph, store, device, chunk: int = 65536, sh
                 sb = hop.sample(ids)
                 xin = store.gather(sb.n_id, device) if h is None else h[pos[sb.n_id]].to(device)
                 edge_index, _, size = sb.adjs[0]
-                o = layer(xin, edge_index.to(device), size)
+                with model.autocast(device):
+                    o = layer(xin, edge_index.to(device), size)
                 if i < last:
                     o = F.relu(o)
                 if out is None:
@@ -543,6 +596,7 @@ def _run(args, ctx) -> dict:
             raise ValueError("--graph gpu is read by the GPU sampler; --sampler cpu reads the CSR in host memory")
     if args.pipeline == "gpu_resident" and device.type != "cuda":
         say("train: gpu_resident on the CPU keeps the features in host memory (no GPU here)", file=sys.stderr)
+    check_precision(args.precision, device)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -598,7 +652,7 @@ def _run(args, ctx) -> dict:
     if use_pyg and not have_pyg():
         raise ValueError("--layers pyg: torch_geometric is not installed (pip install torch_geometric)")
     model = GNN(args.model, ds.num_features, args.hidden, ds.num_classes, len(args.fanouts),
-                dropout=args.dropout, use_pyg=use_pyg).to(device)
+                dropout=args.dropout, use_pyg=use_pyg, precision=args.precision).to(device)
     step_model = model
     if ctx is not None:
         from torch.nn.parallel import DistributedDataParallel
@@ -608,17 +662,19 @@ def _run(args, ctx) -> dict:
               "world_size": 1 if ctx is None else ctx.world,
               "dataset": repr(ds), "backend": model.backend,
               "sampler": "gpu" if use_gpu_sampler else "cpu", "graph": graph.device.type,
-              "reorder": args.reorder, "reorder_s": reorder_s,
+              "reorder": args.reorder, "reorder_s": reorder_s, "precision": args.precision,
               "merge_gathers": merge, "epochs": []}
     say(f"train: {ds!r}\n  model {args.model} ({model.backend}), pipeline {args.pipeline}, device {device}, "
           f"sampler {record['sampler']} (CSR on {record['graph']}), fanouts {args.fanouts}, batch {args.batch_size}, hidden {args.hidden}"
+          + (f", precision {args.precision}" if args.precision != "fp32" else "")
           + (f", reorder {args.reorder} ({reorder_s:.2f} s)" if args.reorder != "none" else "")
         + (f", {merge} batches per gather" if merge > 1 else "")
         + (f"\n  {ctx.world} processes ({ctx.backend}), one host copy per node in shared memory"
            if ctx is not None else ""),
         flush=True)
 
-    with train_loader, eval_loader(ds.split["valid"], eval_fanouts, args.seed + 1) as valid_loader:
+    with model_precision(args.precision, device), train_loader, \
+            eval_loader(ds.split["valid"], eval_fanouts, args.seed + 1) as valid_loader:
         for epoch in range(1, args.epochs + 1):
             if ctx is not None:
                 fail_injected(ctx.rank, epoch)
@@ -675,12 +731,13 @@ def _run(args, ctx) -> dict:
 
     test = test_ids(ds, args.test_nodes, args.data_seed)
     record["test_nodes"] = test.numel()
-    with eval_loader(test, eval_fanouts, args.seed + 2) as test_loader:
-        record["test_acc"] = evaluate(model, test_loader, device, show, "test", ctx)
-    line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts}, {test.numel()} nodes)"
-    if args.full_eval:
-        record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show, ctx, test)
-        line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
+    with model_precision(args.precision, device):
+        with eval_loader(test, eval_fanouts, args.seed + 2) as test_loader:
+            record["test_acc"] = evaluate(model, test_loader, device, show, "test", ctx)
+        line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts}, {test.numel()} nodes)"
+        if args.full_eval:
+            record["test_acc_full"] = full_test_accuracy(model, ds, store, device, show, ctx, test)
+            line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
     record["feature_store"] = store.stats()
     say(line, flush=True)
     pss = float(host_pss_bytes())
