@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
 # extension: the end-to-end pipeline figures of issue 5, in one call.
 #
-#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-all|papers-all-ahead|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
+#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-all|papers-all-ahead|floor-probe|products-cache|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -37,6 +37,13 @@
 #   --merge-gathers --cache-mb 8192`: on products-like together 1.31x, on papers100M-like not yet
 #   run); papers-all-ahead: the same with --sample-ahead (sampling beside the gather since the
 #   gathers let go of the GIL). One call each: reordering copies the 36 GB table.
+# - products-cache: products-like, CSR on the GPU: gpu_resident, then unified with --reorder degree
+#   --sample-ahead and a GPU cache of the hottest rows of each budget in CACHE_MB_LIST (MiB, default
+#   0 128 256 512; the table is 0.98 GB).
+# - floor-probe: tools/step_floor_probe.py on papers100M-like, CSR on the GPU, per precision
+#   (PROBE_PRECISIONS, default fp32 tf32 bf16): the GPU sampler, the gather from GPU memory and the
+#   training step, each alone and then together in gpu_resident's loader (with and without
+#   --sample-ahead), in ms per batch: what sets the 5.1 s floor of gpu_resident's epoch.
 # - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with each of our read kernels,
 #   TORCH_DIRECT_GATHER_KERNEL=grid (grid-stride, windowed) then =rowblock (one block per row, the
 #   default on tables of 8 GiB and more).
@@ -175,7 +182,25 @@ case "$what" in
     done
     bench papers100M-like_graph-gpu_hybrid12_sample-ahead 150 --dataset papers100M-like --epochs 2 \
       --pipelines unified --graph gpu --gather-cpu-threads 12 --sample-ahead --test-nodes 100000 ;;
+  products-cache)  # unified's epoch against the GPU cache's budget, with the levers that helped
+    # (reorder by degree, sampling ahead; merged gathers cost time once the cache serves most rows),
+    # beside gpu_resident in the same call (issue 5's 1.15x on products-like; docs/pipeline.md)
+    bench products-like_graph-gpu_gpu-resident 60 --dataset products-like --epochs 2 --pipelines gpu_resident \
+      --graph gpu --test-nodes 20000
+    for mb in ${CACHE_MB_LIST:-0 128 256 512}; do
+      bench products-like_graph-gpu_reorder_sample-ahead_cache$mb 60 --dataset products-like --epochs 2 \
+        --pipelines unified --graph gpu --reorder degree --sample-ahead --cache-mb "$mb" --test-nodes 20000
+    done ;;
   papers-data) papers_data_once ;;
+  floor-probe)  # what sets gpu_resident's epoch on papers100M-like: sampler, gather and step alone and
+    # together, per precision (tools/step_floor_probe.py; docs/pipeline.md)
+    papers_data_once
+    for prec in ${PROBE_PRECISIONS:-fp32 tf32 bf16}; do
+      timeout 200 python3 tools/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
+        --precision "$prec" --no-progress --out "$OUT/floor_probe_papers100M-like_$prec.json" \
+        > "$OUT/floor_probe_$prec.log" 2>&1
+      echo "floor-probe $prec: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -8 "$OUT/floor_probe_$prec.log"
+    done ;;
   papers-all)  # every locality lever on papers100M-like (issue 5's <= 4 s)
     papers_data_once
     bench papers100M-like_graph-gpu_all-levers 400 --dataset papers100M-like --epochs 2 --pipelines unified \
@@ -202,5 +227,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-all, papers-all-ahead, profile, gather-probes, gather-kernels, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-all, papers-all-ahead, floor-probe, products-cache, profile, gather-probes, gather-kernels, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
 esac

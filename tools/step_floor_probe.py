@@ -1,0 +1,174 @@
+"""Device-side experiment: what sets gpu_resident's epoch, the floor no feature path can beat.
+
+On papers100M-like, gpu_resident (features in GPU memory) takes 5.1 s an epoch while its
+training steps take 2.8-2.9 s of GPU time when they run alone (docs/pipeline.md). This
+splits a fixed number of batches into its parts, each timed by wall clock with the GPU
+synchronised at both ends, on the same batches and model:
+
+  sample     the GPU sampler alone, batch after batch on a stream of its own
+  gather     each sampled batch's feature rows read from GPU memory (index_select)
+  step       the training step alone (forward, loss, backward, Adam) over batches sampled and
+             gathered beforehand, cycled (--cached of them)
+  together   gpu_resident's pipelined loader feeding the steps, as `train` runs it
+  together_ahead   the same with --sample-ahead (sampling in a thread and stream of its own)
+
+and reports milliseconds per batch, with together / (sample + gather + step) (1.0: the loader
+overlaps nothing; (max part) / (sum of parts): perfect overlap). Runs on the CPU too (a check
+of the tool, not a measurement).
+
+    python tools/step_floor_probe.py --dataset papers100M-like --graph gpu --out probe.json
+"""
+import argparse
+import json
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from torch_direct.graph import GPUNeighborSampler, load_dataset  # noqa: E402
+from torch_direct.graph._progress import progress  # noqa: E402
+from torch_direct.pipeline.features import make_feature_store  # noqa: E402
+from torch_direct.pipeline.loader import PipelinedLoader  # noqa: E402
+from torch_direct.pipeline.train import GNN, PRECISIONS, _fanouts, _resolve_device, graph_to_gpu, model_precision  # noqa: E402
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--dataset", default="tiny", help="a preset or OGB name, as for train (default: %(default)s)")
+    p.add_argument("--root", default=None, help="data set directory (default: train's)")
+    p.add_argument("--device", default=None, help="cuda[:k] or cpu (default: cuda when usable)")
+    p.add_argument("--graph", choices=("gpu", "unified"), default="gpu",
+                   help="where the GPU sampler reads the CSR (default: %(default)s)")
+    p.add_argument("--batches", type=int, default=200, help="batches timed per part (default: %(default)s)")
+    p.add_argument("--cached", type=int, default=20,
+                   help="batches sampled and gathered beforehand for the step-alone part (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default: %(default)s)")
+    p.add_argument("--fanouts", type=_fanouts, default=[15, 10, 5], help="as for train (default: 15,10,5)")
+    p.add_argument("--hidden", type=int, default=256, help="hidden width (default: %(default)s)")
+    p.add_argument("--model", default="sage", help="sage, gat or gin (default: %(default)s)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="as for train (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=None, help="write the JSON record here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    a = p.parse_args(argv)
+    for name in ("batches", "cached", "batch_size", "hidden"):
+        if getattr(a, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    return a
+
+
+def timed(device, fn):
+    """Seconds of ``fn()``, the device synchronised before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def main(argv=None):
+    a = parse(argv)
+    device = _resolve_device(a.device)
+    show = not a.no_progress
+    ds = load_dataset(a.dataset, root=a.root, show_progress=show)
+    train_ids = ds.split["train"]
+    n_batches = min(a.batches, train_ids.numel() // a.batch_size)
+    if n_batches < 1:
+        raise SystemExit(f"step_floor_probe: {a.dataset}'s {train_ids.numel()} training nodes make no batch of "
+                         f"{a.batch_size}")
+    seeds = train_ids[torch.randperm(train_ids.numel(), generator=torch.Generator().manual_seed(0))]
+    seeds = seeds[:n_batches * a.batch_size]
+    batches = [seeds[i * a.batch_size:(i + 1) * a.batch_size] for i in range(n_batches)]
+
+    if device.type == "cuda":
+        graph = graph_to_gpu(ds.graph, device) if a.graph == "gpu" else ds.graph.to("unified")
+    else:
+        graph = ds.graph
+    sampler = GPUNeighborSampler(graph, a.fanouts, seed=0, device=device)
+    store = make_feature_store("gpu_resident", ds.x, device, torch.float32)
+    labels = ds.y.to(device)
+    torch.manual_seed(0)
+    model = GNN(a.model, ds.num_features, a.hidden, ds.num_classes, len(a.fanouts), precision=a.precision).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+    on_side = (lambda: torch.cuda.stream(side)) if side is not None else nullcontext  # noqa: E731
+
+    def step(x, adjs, y):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x, adjs), y, ignore_index=-1)
+        loss.backward()
+        opt.step()
+
+    parts, sampled = {}, []
+    with model_precision(a.precision, device):
+        # warm-up: one batch through every part (allocator, kernels, autotuning)
+        sb = sampler.sample(batches[0])
+        step(store.gather(sb.n_id, device), sb.adjs, labels[sb.n_id[:sb.batch_size]])
+
+        def sample_all():
+            with on_side(), progress(n_batches, "sample", show) as bar:
+                for s in batches:
+                    sampled.append(sampler.sample(s))
+                    bar.update(1)
+        parts["sample"] = timed(device, sample_all)
+
+        def gather_all():
+            with on_side():
+                for sb in sampled:
+                    store.gather(sb.n_id, device)
+        parts["gather"] = timed(device, gather_all)
+
+        cached = []
+        for sb in sampled[:a.cached]:
+            cached.append((store.gather(sb.n_id, device), sb.adjs, labels[sb.n_id[:sb.batch_size]]))
+        sampled.clear()
+
+        def steps_alone():
+            with progress(n_batches, "step", show) as bar:
+                for i in range(n_batches):
+                    step(*cached[i % len(cached)])
+                    bar.update(1)
+        parts["step"] = timed(device, steps_alone)
+        del cached
+
+        for name, ahead in (("together", False), ("together_ahead", True)):
+            loader = PipelinedLoader(sampler, store, seeds, a.batch_size, labels=labels, device=device,
+                                     prefetch=2, shuffle=False, sample_ahead=ahead)
+
+            def pipelined():
+                with loader, progress(n_batches, name, show) as bar:
+                    for b in loader:
+                        step(b.x, b.adjs, b.y)
+                        bar.update(1)
+            parts[name] = timed(device, pipelined)
+
+    ms = {k: v / n_batches * 1e3 for k, v in parts.items()}
+    alone = ms["sample"] + ms["gather"] + ms["step"]
+    record = {"tool": "step_floor_probe", "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+              "device": str(device), "graph_device": str(graph.device), "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+              "batches": n_batches, "ms_per_batch": ms,
+              "together_over_sum": ms["together"] / alone, "together_ahead_over_sum": ms["together_ahead"] / alone,
+              "max_part_over_sum": max(ms["sample"], ms["gather"], ms["step"]) / alone}
+    print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
+          f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, {a.precision}, CSR on {graph.device}, {device}")
+    for k, v in ms.items():
+        print(f"  {k:15s} {v:8.3f} ms/batch")
+    print(f"  together / (sample + gather + step) = {record['together_over_sum']:.2f} "
+          f"(sample ahead: {record['together_ahead_over_sum']:.2f}; perfect overlap: {record['max_part_over_sum']:.2f})")
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {a.out}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
