@@ -34,7 +34,8 @@ from torch_direct.graph import GPUNeighborSampler, load_dataset  # noqa: E402
 from torch_direct.graph._progress import progress  # noqa: E402
 from torch_direct.pipeline.features import make_feature_store  # noqa: E402
 from torch_direct.pipeline.loader import PipelinedLoader  # noqa: E402
-from torch_direct.pipeline.train import GNN, PRECISIONS, _fanouts, _resolve_device, graph_to_gpu, model_precision  # noqa: E402
+from torch_direct.pipeline.train import (GNN, PRECISIONS, _fanouts, _resolve_device, check_precision,  # noqa: E402
+                                         graph_to_gpu, model_precision)
 
 
 def parse(argv=None):
@@ -75,7 +76,7 @@ def timed(device, fn):
 
 def main(argv=None):
     a = parse(argv)
-    device = _resolve_device(a.device)
+    device = check_precision(a.precision, _resolve_device(a.device))   # before any data is loaded
     show = not a.no_progress
     ds = load_dataset(a.dataset, root=a.root, show_progress=show)
     train_ids = ds.split["train"]
@@ -171,4 +172,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"step_floor_probe: error: {e}", file=sys.stderr)
+        sys.exit(2)
