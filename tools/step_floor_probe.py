@@ -82,8 +82,7 @@ def main(argv=None):
     train_ids = ds.split["train"]
     n_batches = min(a.batches, train_ids.numel() // a.batch_size)
     if n_batches < 1:
-        raise SystemExit(f"step_floor_probe: {a.dataset}'s {train_ids.numel()} training nodes make no batch of "
-                         f"{a.batch_size}")
+        raise ValueError(f"{a.dataset}'s {train_ids.numel()} training nodes make no batch of {a.batch_size}")
     seeds = train_ids[torch.randperm(train_ids.numel(), generator=torch.Generator().manual_seed(0))]
     seeds = seeds[:n_batches * a.batch_size]
     batches = [seeds[i * a.batch_size:(i + 1) * a.batch_size] for i in range(n_batches)]

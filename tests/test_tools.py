@@ -1,0 +1,53 @@
+"""The device probes in tools/ that the device steps run: their plumbing works on the CPU, so a
+device call is not spent finding a broken option (the measurements themselves need the GPU)."""
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def probe(*args):
+    return subprocess.run([sys.executable, str(REPO / "tools" / "step_floor_probe.py"), *args],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+class TestStepFloorProbe(TestCase):
+    def test_runs_every_part_and_writes_json(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "probe" / "p.json"
+            r = probe("--root", d, "--device", "cpu", "--batches", "3", "--cached", "2", "--batch-size", "128",
+                      "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--out", str(out))
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            rec = json.loads(out.read_text())
+            self.assertEqual(rec["batches"], 3)
+            self.assertEqual(set(rec["ms_per_batch"]), {"sample", "gather", "step", "together", "together_ahead"})
+            self.assertTrue(all(v > 0 for v in rec["ms_per_batch"].values()), rec["ms_per_batch"])
+            parts = [rec["ms_per_batch"][k] for k in ("sample", "gather", "step")]
+            self.assertAlmostEqual(rec["max_part_over_sum"], max(parts) / sum(parts))
+            self.assertIn("together / (sample + gather + step)", r.stdout)
+            # bf16 runs through the same parts
+            r = probe("--root", d, "--device", "cpu", "--batches", "2", "--cached", "1", "--batch-size", "128",
+                      "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "bf16")
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            self.assertIn("bf16", r.stdout)
+
+    def test_bad_input(self):
+        with tempfile.TemporaryDirectory() as d:
+            for args, msg in ((["--dataset", "nope"], "unknown data set"),
+                              (["--device", "cpu", "--precision", "tf32"], "needs a CUDA device"),
+                              (["--batches", "0"], "--batches must be positive"),
+                              (["--device", "cpu", "--batch-size", "100000"], "make no batch of 100000")):
+                r = probe("--root", d, "--no-progress", *args)
+                self.assertEqual(r.returncode, 2, msg=f"{args}: {r.stderr[-500:]}")
+                self.assertIn(msg, r.stderr)
+            self.assertEqual(list(Path(d).glob("*.json")), [])
+
+
+if __name__ == "__main__":
+    run_tests()
