@@ -22,26 +22,26 @@ class TestStepFloorProbe(TestCase):
         with tempfile.TemporaryDirectory() as d:
             out = Path(d) / "probe" / "p.json"
             r = probe("--root", d, "--device", "cpu", "--batches", "3", "--cached", "2", "--batch-size", "128",
-                      "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--out", str(out))
+                      "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "fp32,bf16",
+                      "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             rec = json.loads(out.read_text())
             self.assertEqual(rec["batches"], 3)
-            self.assertEqual(set(rec["ms_per_batch"]), {"sample", "gather", "step", "together", "together_ahead"})
-            self.assertTrue(all(v > 0 for v in rec["ms_per_batch"].values()), rec["ms_per_batch"])
-            parts = [rec["ms_per_batch"][k] for k in ("sample", "gather", "step")]
-            self.assertAlmostEqual(rec["max_part_over_sum"], max(parts) / sum(parts))
-            self.assertIn("together / (sample + gather + step)", r.stdout)
-            # bf16 runs through the same parts
-            r = probe("--root", d, "--device", "cpu", "--batches", "2", "--cached", "1", "--batch-size", "128",
-                      "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "bf16")
-            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
-            self.assertIn("bf16", r.stdout)
+            self.assertEqual([run["precision"] for run in rec["runs"]], ["fp32", "bf16"])
+            for run in rec["runs"]:
+                ms = run["ms_per_batch"]
+                self.assertEqual(set(ms), {"sample", "gather", "step", "together", "together_ahead"})
+                self.assertTrue(all(v > 0 for v in ms.values()), ms)
+                parts = [ms[k] for k in ("sample", "gather", "step")]
+                self.assertAlmostEqual(run["max_part_over_sum"], max(parts) / sum(parts))
+            self.assertEqual(r.stdout.count("together / (sample + gather + step)"), 2)
 
     def test_bad_input(self):
         with tempfile.TemporaryDirectory() as d:
             for args, msg in ((["--dataset", "nope"], "unknown data set"),
                               (["--device", "cpu", "--precision", "tf32"], "needs a CUDA device"),
                               (["--batches", "0"], "--batches must be positive"),
+                              (["--precision", "fp32,fp8"], "expected comma-separated precisions"),
                               (["--device", "cpu", "--batch-size", "100000"], "make no batch of 100000")):
                 r = probe("--root", d, "--no-progress", *args)
                 self.assertEqual(r.returncode, 2, msg=f"{args}: {r.stderr[-500:]}")

@@ -41,7 +41,7 @@
 #   --sample-ahead and a GPU cache of the hottest rows of each budget in CACHE_MB_LIST (MiB, default
 #   0 128 256 512; the table is 0.98 GB).
 # - floor-probe: tools/step_floor_probe.py on papers100M-like, CSR on the GPU, per precision
-#   (PROBE_PRECISIONS, default fp32 tf32 bf16): the GPU sampler, the gather from GPU memory and the
+#   (PROBE_PRECISIONS, default fp32,tf32,bf16): the GPU sampler, the gather from GPU memory and the
 #   training step, each alone and then together in gpu_resident's loader (with and without
 #   --sample-ahead), in ms per batch: what sets the 5.1 s floor of gpu_resident's epoch.
 # - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with each of our read kernels,
@@ -194,13 +194,12 @@ case "$what" in
   papers-data) papers_data_once ;;
   floor-probe)  # what sets gpu_resident's epoch on papers100M-like: sampler, gather and step alone and
     # together, per precision (tools/step_floor_probe.py; docs/pipeline.md)
+    # (one process: the data set is loaded to the GPU once for every precision)
     papers_data_once
-    for prec in ${PROBE_PRECISIONS:-fp32 tf32 bf16}; do
-      timeout 200 python3 tools/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
-        --precision "$prec" --no-progress --out "$OUT/floor_probe_papers100M-like_$prec.json" \
-        > "$OUT/floor_probe_$prec.log" 2>&1
-      echo "floor-probe $prec: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -8 "$OUT/floor_probe_$prec.log"
-    done ;;
+    timeout 300 python3 tools/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
+      --precision "${PROBE_PRECISIONS:-fp32,tf32,bf16}" --no-progress --out "$OUT/floor_probe_papers100M-like.json" \
+      > "$OUT/floor_probe.log" 2>&1
+    echo "floor-probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -30 "$OUT/floor_probe.log" ;;
   papers-all)  # every locality lever on papers100M-like (issue 5's <= 4 s)
     papers_data_once
     bench papers100M-like_graph-gpu_all-levers 400 --dataset papers100M-like --epochs 2 --pipelines unified \

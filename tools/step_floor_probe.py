@@ -16,7 +16,8 @@ and reports milliseconds per batch, with together / (sample + gather + step) (1.
 overlaps nothing; (max part) / (sum of parts): perfect overlap). Runs on the CPU too (a check
 of the tool, not a measurement).
 
-    python tools/step_floor_probe.py --dataset papers100M-like --graph gpu --out probe.json
+    python tools/step_floor_probe.py --dataset papers100M-like --graph gpu --precision fp32,tf32,bf16 \\
+        --out probe.json
 """
 import argparse
 import json
@@ -53,7 +54,9 @@ def parse(argv=None):
     p.add_argument("--fanouts", type=_fanouts, default=[15, 10, 5], help="as for train (default: 15,10,5)")
     p.add_argument("--hidden", type=int, default=256, help="hidden width (default: %(default)s)")
     p.add_argument("--model", default="sage", help="sage, gat or gin (default: %(default)s)")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="as for train (default: %(default)s)")
+    p.add_argument("--precision", type=_precisions, default=["fp32"],
+                   help="comma-separated precisions (fp32, tf32, bf16, as for train), each measured in turn on "
+                        "the data loaded once, with a fresh model of the same seed (default: fp32)")
     p.add_argument("--out", type=Path, default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
@@ -61,6 +64,15 @@ def parse(argv=None):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     return a
+
+
+def _precisions(text: str) -> list[str]:
+    out = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in out if v not in PRECISIONS]
+    if not out or bad:
+        raise argparse.ArgumentTypeError(f"expected comma-separated precisions among {', '.join(PRECISIONS)}, "
+                                         f"got {text!r}")
+    return out
 
 
 def timed(device, fn):
@@ -74,28 +86,11 @@ def timed(device, fn):
     return time.perf_counter() - t0
 
 
-def main(argv=None):
-    a = parse(argv)
-    device = check_precision(a.precision, _resolve_device(a.device))   # before any data is loaded
-    show = not a.no_progress
-    ds = load_dataset(a.dataset, root=a.root, show_progress=show)
-    train_ids = ds.split["train"]
-    n_batches = min(a.batches, train_ids.numel() // a.batch_size)
-    if n_batches < 1:
-        raise ValueError(f"{a.dataset}'s {train_ids.numel()} training nodes make no batch of {a.batch_size}")
-    seeds = train_ids[torch.randperm(train_ids.numel(), generator=torch.Generator().manual_seed(0))]
-    seeds = seeds[:n_batches * a.batch_size]
-    batches = [seeds[i * a.batch_size:(i + 1) * a.batch_size] for i in range(n_batches)]
-
-    if device.type == "cuda":
-        graph = graph_to_gpu(ds.graph, device) if a.graph == "gpu" else ds.graph.to("unified")
-    else:
-        graph = ds.graph
-    sampler = GPUNeighborSampler(graph, a.fanouts, seed=0, device=device)
-    store = make_feature_store("gpu_resident", ds.x, device, torch.float32)
-    labels = ds.y.to(device)
+def measure(precision, ds, device, sampler, store, labels, batches, seeds, a, show) -> dict:
+    """Milliseconds per batch of each part with a fresh model in ``precision``."""
+    n_batches = len(batches)
     torch.manual_seed(0)
-    model = GNN(a.model, ds.num_features, a.hidden, ds.num_classes, len(a.fanouts), precision=a.precision).to(device)
+    model = GNN(a.model, ds.num_features, a.hidden, ds.num_classes, len(a.fanouts), precision=precision).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
     on_side = (lambda: torch.cuda.stream(side)) if side is not None else nullcontext  # noqa: E731
@@ -107,13 +102,13 @@ def main(argv=None):
         opt.step()
 
     parts, sampled = {}, []
-    with model_precision(a.precision, device):
+    with model_precision(precision, device):
         # warm-up: one batch through every part (allocator, kernels, autotuning)
         sb = sampler.sample(batches[0])
         step(store.gather(sb.n_id, device), sb.adjs, labels[sb.n_id[:sb.batch_size]])
 
         def sample_all():
-            with on_side(), progress(n_batches, "sample", show) as bar:
+            with on_side(), progress(n_batches, f"{precision} sample", show) as bar:
                 for s in batches:
                     sampled.append(sampler.sample(s))
                     bar.update(1)
@@ -131,7 +126,7 @@ def main(argv=None):
         sampled.clear()
 
         def steps_alone():
-            with progress(n_batches, "step", show) as bar:
+            with progress(n_batches, f"{precision} step", show) as bar:
                 for i in range(n_batches):
                     step(*cached[i % len(cached)])
                     bar.update(1)
@@ -143,29 +138,58 @@ def main(argv=None):
                                      prefetch=2, shuffle=False, sample_ahead=ahead)
 
             def pipelined():
-                with loader, progress(n_batches, name, show) as bar:
+                with loader, progress(n_batches, f"{precision} {name}", show) as bar:
                     for b in loader:
                         step(b.x, b.adjs, b.y)
                         bar.update(1)
             parts[name] = timed(device, pipelined)
-
     ms = {k: v / n_batches * 1e3 for k, v in parts.items()}
     alone = ms["sample"] + ms["gather"] + ms["step"]
+    return {"precision": precision, "ms_per_batch": ms,
+            "together_over_sum": ms["together"] / alone, "together_ahead_over_sum": ms["together_ahead"] / alone,
+            "max_part_over_sum": max(ms["sample"], ms["gather"], ms["step"]) / alone}
+
+
+def main(argv=None):
+    a = parse(argv)
+    device = _resolve_device(a.device)
+    for precision in a.precision:                 # before any data is loaded
+        check_precision(precision, device)
+    show = not a.no_progress
+    ds = load_dataset(a.dataset, root=a.root, show_progress=show)
+    train_ids = ds.split["train"]
+    n_batches = min(a.batches, train_ids.numel() // a.batch_size)
+    if n_batches < 1:
+        raise ValueError(f"{a.dataset}'s {train_ids.numel()} training nodes make no batch of {a.batch_size}")
+    seeds = train_ids[torch.randperm(train_ids.numel(), generator=torch.Generator().manual_seed(0))]
+    seeds = seeds[:n_batches * a.batch_size]
+    batches = [seeds[i * a.batch_size:(i + 1) * a.batch_size] for i in range(n_batches)]
+
+    if device.type == "cuda":
+        graph = graph_to_gpu(ds.graph, device) if a.graph == "gpu" else ds.graph.to("unified")
+    else:
+        graph = ds.graph
+    sampler = GPUNeighborSampler(graph, a.fanouts, seed=0, device=device)
+    store = make_feature_store("gpu_resident", ds.x, device, torch.float32)
+    labels = ds.y.to(device)
     record = {"tool": "step_floor_probe", "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
               "device": str(device), "graph_device": str(graph.device), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-              "batches": n_batches, "ms_per_batch": ms,
-              "together_over_sum": ms["together"] / alone, "together_ahead_over_sum": ms["together_ahead"] / alone,
-              "max_part_over_sum": max(ms["sample"], ms["gather"], ms["step"]) / alone}
+              "batches": n_batches, "runs": []}
     print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
-          f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, {a.precision}, CSR on {graph.device}, {device}")
-    for k, v in ms.items():
-        print(f"  {k:15s} {v:8.3f} ms/batch")
-    print(f"  together / (sample + gather + step) = {record['together_over_sum']:.2f} "
-          f"(sample ahead: {record['together_ahead_over_sum']:.2f}; perfect overlap: {record['max_part_over_sum']:.2f})")
+          f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, CSR on {graph.device}, {device}", flush=True)
+    for precision in a.precision:
+        run = measure(precision, ds, device, sampler, store, labels, batches, seeds, a, show)
+        record["runs"].append(run)
+        print(f" {precision}:")
+        for k, v in run["ms_per_batch"].items():
+            print(f"  {k:15s} {v:8.3f} ms/batch")
+        print(f"  together / (sample + gather + step) = {run['together_over_sum']:.2f} (sample ahead: "
+              f"{run['together_ahead_over_sum']:.2f}; perfect overlap: {run['max_part_over_sum']:.2f})", flush=True)
+        if a.out:   # rewritten after each precision: a run cut short keeps what it measured
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps(record, indent=1) + "\n")
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {a.out}")
     return record
 
