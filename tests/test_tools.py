@@ -23,11 +23,12 @@ class TestStepFloorProbe(TestCase):
             out = Path(d) / "probe" / "p.json"
             r = probe("--root", d, "--device", "cpu", "--batches", "3", "--cached", "2", "--batch-size", "128",
                       "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "fp32,bf16",
-                      "--out", str(out))
+                      "--layers", "builtin", "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             rec = json.loads(out.read_text())
             self.assertEqual(rec["batches"], 3)
-            self.assertEqual([run["precision"] for run in rec["runs"]], ["fp32", "bf16"])
+            self.assertEqual([(run["layers"], run["precision"]) for run in rec["runs"]],
+                             [("builtin", "fp32"), ("builtin", "bf16")])
             for run in rec["runs"]:
                 ms = run["ms_per_batch"]
                 self.assertEqual(set(ms), {"sample", "gather", "step", "together", "together_ahead"})
@@ -42,6 +43,7 @@ class TestStepFloorProbe(TestCase):
                               (["--device", "cpu", "--precision", "tf32"], "needs a CUDA device"),
                               (["--batches", "0"], "--batches must be positive"),
                               (["--precision", "fp32,fp8"], "expected comma-separated precisions"),
+                              (["--layers", "dgl"], "expected comma-separated layers"),
                               (["--device", "cpu", "--batch-size", "100000"], "make no batch of 100000")):
                 r = probe("--root", d, "--no-progress", *args)
                 self.assertEqual(r.returncode, 2, msg=f"{args}: {r.stderr[-500:]}")

@@ -41,9 +41,10 @@
 #   --sample-ahead and a GPU cache of the hottest rows of each budget in CACHE_MB_LIST (MiB, default
 #   0 128 256 512; the table is 0.98 GB).
 # - floor-probe: tools/step_floor_probe.py on papers100M-like, CSR on the GPU, per precision
-#   (PROBE_PRECISIONS, default fp32,tf32,bf16): the GPU sampler, the gather from GPU memory and the
-#   training step, each alone and then together in gpu_resident's loader (with and without
-#   --sample-ahead), in ms per batch: what sets the 5.1 s floor of gpu_resident's epoch.
+#   (PROBE_PRECISIONS, default fp32,tf32,bf16) and layer implementation (PyG's, built-in): the GPU
+#   sampler, the gather from GPU memory and the training step, each alone and then together in
+#   gpu_resident's loader (with and without --sample-ahead), in ms per batch: what sets the 5.1 s
+#   floor of gpu_resident's epoch.
 # - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with each of our read kernels,
 #   TORCH_DIRECT_GATHER_KERNEL=grid (grid-stride, windowed) then =rowblock (one block per row, the
 #   default on tables of 8 GiB and more).
@@ -197,9 +198,10 @@ case "$what" in
     # (one process: the data set is loaded to the GPU once for every precision)
     papers_data_once
     timeout 300 python3 tools/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
-      --precision "${PROBE_PRECISIONS:-fp32,tf32,bf16}" --no-progress --out "$OUT/floor_probe_papers100M-like.json" \
+      --precision "${PROBE_PRECISIONS:-fp32,tf32,bf16}" --layers pyg,builtin --no-progress \
+      --out "$OUT/floor_probe_papers100M-like.json" \
       > "$OUT/floor_probe.log" 2>&1
-    echo "floor-probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -30 "$OUT/floor_probe.log" ;;
+    echo "floor-probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -50 "$OUT/floor_probe.log" ;;
   papers-all)  # every locality lever on papers100M-like (issue 5's <= 4 s)
     papers_data_once
     bench papers100M-like_graph-gpu_all-levers 400 --dataset papers100M-like --epochs 2 --pipelines unified \

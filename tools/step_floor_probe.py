@@ -20,6 +20,7 @@ of the tool, not a measurement).
         --out probe.json
 """
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -50,29 +51,36 @@ def parse(argv=None):
     p.add_argument("--batches", type=int, default=200, help="batches timed per part (default: %(default)s)")
     p.add_argument("--cached", type=int, default=20,
                    help="batches sampled and gathered beforehand for the step-alone part (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="batches sampled, gathered and trained on before each run's timing (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default: %(default)s)")
     p.add_argument("--fanouts", type=_fanouts, default=[15, 10, 5], help="as for train (default: 15,10,5)")
     p.add_argument("--hidden", type=int, default=256, help="hidden width (default: %(default)s)")
-    p.add_argument("--model", default="sage", help="sage, gat or gin (default: %(default)s)")
-    p.add_argument("--precision", type=_precisions, default=["fp32"],
+    p.add_argument("--model", choices=("sage", "gat", "gin"), default="sage", help="as for train (default: %(default)s)")
+    p.add_argument("--layers", type=_choices("layers", ("auto", "pyg", "builtin")), default=["auto"],
+                   help="comma-separated layer implementations, as for train: pyg = PyG's convs, builtin = the "
+                        "plain-torch GraphSAGE (less Python per step); each is measured with each --precision "
+                        "(default: auto)")
+    p.add_argument("--precision", type=_choices("precisions", PRECISIONS), default=["fp32"],
                    help="comma-separated precisions (fp32, tf32, bf16, as for train), each measured in turn on "
                         "the data loaded once, with a fresh model of the same seed (default: fp32)")
     p.add_argument("--out", type=Path, default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
-    for name in ("batches", "cached", "batch_size", "hidden"):
+    for name in ("batches", "cached", "batch_size", "hidden", "warmup"):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     return a
 
 
-def _precisions(text: str) -> list[str]:
-    out = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in out if v not in PRECISIONS]
-    if not out or bad:
-        raise argparse.ArgumentTypeError(f"expected comma-separated precisions among {', '.join(PRECISIONS)}, "
-                                         f"got {text!r}")
-    return out
+def _choices(what: str, allowed):
+    def parse(text: str) -> list[str]:
+        out = [v.strip() for v in text.split(",") if v.strip()]
+        if not out or any(v not in allowed for v in out):
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what} among {', '.join(allowed)}, "
+                                             f"got {text!r}")
+        return out
+    return parse
 
 
 def timed(device, fn):
@@ -86,11 +94,13 @@ def timed(device, fn):
     return time.perf_counter() - t0
 
 
-def measure(precision, ds, device, sampler, store, labels, batches, seeds, a, show) -> dict:
-    """Milliseconds per batch of each part with a fresh model in ``precision``."""
+def measure(precision, layers, ds, device, sampler, store, labels, batches, seeds, a, show) -> dict:
+    """Milliseconds per batch of each part with a fresh model of ``layers`` in ``precision``."""
     n_batches = len(batches)
     torch.manual_seed(0)
-    model = GNN(a.model, ds.num_features, a.hidden, ds.num_classes, len(a.fanouts), precision=precision).to(device)
+    use_pyg = {"auto": None, "pyg": True, "builtin": False}[layers]
+    model = GNN(a.model, ds.num_features, a.hidden, ds.num_classes, len(a.fanouts), use_pyg=use_pyg,
+                precision=precision).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
     on_side = (lambda: torch.cuda.stream(side)) if side is not None else nullcontext  # noqa: E731
@@ -103,9 +113,10 @@ def measure(precision, ds, device, sampler, store, labels, batches, seeds, a, sh
 
     parts, sampled = {}, []
     with model_precision(precision, device):
-        # warm-up: one batch through every part (allocator, kernels, autotuning)
-        sb = sampler.sample(batches[0])
-        step(store.gather(sb.n_id, device), sb.adjs, labels[sb.n_id[:sb.batch_size]])
+        # warm-up: a few batches through every part (allocator, kernels, autotuning, PyG's first calls)
+        for s in batches[:a.warmup]:
+            sb = sampler.sample(s)
+            step(store.gather(sb.n_id, device), sb.adjs, labels[sb.n_id[:sb.batch_size]])
 
         def sample_all():
             with on_side(), progress(n_batches, f"{precision} sample", show) as bar:
@@ -145,7 +156,7 @@ def measure(precision, ds, device, sampler, store, labels, batches, seeds, a, sh
             parts[name] = timed(device, pipelined)
     ms = {k: v / n_batches * 1e3 for k, v in parts.items()}
     alone = ms["sample"] + ms["gather"] + ms["step"]
-    return {"precision": precision, "ms_per_batch": ms,
+    return {"precision": precision, "layers": model.backend, "ms_per_batch": ms,
             "together_over_sum": ms["together"] / alone, "together_ahead_over_sum": ms["together_ahead"] / alone,
             "max_part_over_sum": max(ms["sample"], ms["gather"], ms["step"]) / alone}
 
@@ -178,15 +189,15 @@ def main(argv=None):
               "batches": n_batches, "runs": []}
     print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
           f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, CSR on {graph.device}, {device}", flush=True)
-    for precision in a.precision:
-        run = measure(precision, ds, device, sampler, store, labels, batches, seeds, a, show)
+    for layers, precision in itertools.product(a.layers, a.precision):
+        run = measure(precision, layers, ds, device, sampler, store, labels, batches, seeds, a, show)
         record["runs"].append(run)
-        print(f" {precision}:")
+        print(f" {run['layers']} layers, {precision}:")
         for k, v in run["ms_per_batch"].items():
             print(f"  {k:15s} {v:8.3f} ms/batch")
         print(f"  together / (sample + gather + step) = {run['together_over_sum']:.2f} (sample ahead: "
               f"{run['together_ahead_over_sum']:.2f}; perfect overlap: {run['max_part_over_sum']:.2f})", flush=True)
-        if a.out:   # rewritten after each precision: a run cut short keeps what it measured
+        if a.out:   # rewritten after each run: a call cut short keeps what it measured
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(record, indent=1) + "\n")
     if a.out:
