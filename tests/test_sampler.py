@@ -1,6 +1,7 @@
 """CPU neighbour sampler: block layout, correctness against a reference, unbiasedness, determinism."""
 
 import itertools
+import os
 import unittest
 
 import numpy as np
@@ -410,6 +411,57 @@ class TestBlockSamplerCpu(BlockSamplerChecks, TestCase):
     def test_graph_elsewhere(self):
         with self.assertRaisesRegex(ValueError, "unified memory"):
             GPUNeighborSampler(random_graph(), [2], device="cuda:0")
+
+
+class FewerWaits:
+    """The same checks with TORCH_DIRECT_SAMPLER_WAITS=fewer (one wait per hop, seeds checked
+    after the first hop): every promise of the block layout, the distribution and the errors."""
+
+    def setUp(self):
+        super().setUp()
+        self._waits = os.environ.get("TORCH_DIRECT_SAMPLER_WAITS")
+        os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = "fewer"
+
+    def tearDown(self):
+        if self._waits is None:
+            os.environ.pop("TORCH_DIRECT_SAMPLER_WAITS", None)
+        else:
+            os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = self._waits
+        super().tearDown()
+
+    def test_same_batches_as_the_default_waits(self):
+        # Only when the host waits changes: the batches (numbering, edges, slots) are the same.
+        for col_dtype in (torch.int64, torch.int32):
+            graph = random_graph(num_nodes=2000, num_edges=40000, col_dtype=col_dtype)
+            seeds = torch.randperm(2000, generator=torch.Generator().manual_seed(0))[:256]
+            for fanouts in ([15, 10, 5], [-1, 3], [0, 4], [3]):
+                fewer = self.sampler(graph, fanouts, seed=3, return_edge_ids=True).sample(seeds).to("cpu")
+                os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = "default"
+                try:
+                    base = self.sampler(graph, fanouts, seed=3, return_edge_ids=True).sample(seeds).to("cpu")
+                finally:
+                    os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = "fewer"
+                self.assertEqual(fewer.n_id, base.n_id, msg=str(fanouts))
+                for a, b in zip(fewer.hops, base.hops):
+                    self.assertEqual(a.edge_index, b.edge_index, msg=str(fanouts))
+                    self.assertEqual(a.size, b.size)
+                    self.assertEqual(a.e_id, b.e_id)
+                    if a.e_id is not None:
+                        self.assertEqual(a.e_id.numel(), a.edge_index.size(1))
+
+    def test_bad_setting(self):
+        os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = "some"
+        with self.assertRaisesRegex(RuntimeError, "TORCH_DIRECT_SAMPLER_WAITS must be fewer or default, not 'some'"):
+            self.sampler(random_graph(), [2]).sample([1, 2])
+
+
+class TestBlockSamplerCpuFewerWaits(FewerWaits, BlockSamplerChecks, TestCase):
+    device = "cpu"
+
+
+@requires_gpu
+class TestBlockSamplerGpuFewerWaits(FewerWaits, BlockSamplerChecks, TestCase):
+    device = "cuda"
 
 
 @requires_gpu

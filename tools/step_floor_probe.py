@@ -22,6 +22,7 @@ of the tool, not a measurement).
 import argparse
 import itertools
 import json
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -64,6 +65,10 @@ def parse(argv=None):
     p.add_argument("--precision", type=_choices("precisions", PRECISIONS), default=["fp32"],
                    help="comma-separated precisions (fp32, tf32, bf16, as for train), each measured in turn on "
                         "the data loaded once, with a fresh model of the same seed (default: fp32)")
+    p.add_argument("--sampler-waits", type=_choices("settings", ("default", "fewer")), default=["default"],
+                   help="comma-separated settings of TORCH_DIRECT_SAMPLER_WAITS for the GPU sampler: default = "
+                        "two host waits per hop and the seeds checked first; fewer = one wait per hop (the same "
+                        "batches); each is measured with each layer implementation and precision (default: default)")
     p.add_argument("--out", type=Path, default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
@@ -189,10 +194,19 @@ def main(argv=None):
               "batches": n_batches, "runs": []}
     print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
           f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, CSR on {graph.device}, {device}", flush=True)
-    for layers, precision in itertools.product(a.layers, a.precision):
-        run = measure(precision, layers, ds, device, sampler, store, labels, batches, seeds, a, show)
+    waits_before = os.environ.get("TORCH_DIRECT_SAMPLER_WAITS")
+    for waits, layers, precision in itertools.product(a.sampler_waits, a.layers, a.precision):
+        os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = waits   # read by the sampler on each call
+        try:
+            run = measure(precision, layers, ds, device, sampler, store, labels, batches, seeds, a, show)
+        finally:
+            if waits_before is None:
+                os.environ.pop("TORCH_DIRECT_SAMPLER_WAITS", None)
+            else:
+                os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = waits_before
+        run["sampler_waits"] = waits
         record["runs"].append(run)
-        print(f" {run['layers']} layers, {precision}:")
+        print(f" {run['layers']} layers, {precision}, sampler waits {waits}:")
         for k, v in run["ms_per_batch"].items():
             print(f"  {k:15s} {v:8.3f} ms/batch")
         print(f"  together / (sample + gather + step) = {run['together_over_sum']:.2f} (sample ahead: "

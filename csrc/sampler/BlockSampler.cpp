@@ -9,7 +9,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 namespace torch_direct::sampler {
 namespace {
@@ -26,6 +28,31 @@ void draw(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& deg
 #endif
   }
   draw_neighbours_cpu(col, begins, degrees, fanout, offsets, seed, stream, slots, src, dst);
+}
+
+// TORCH_DIRECT_SAMPLER_WAITS=fewer: each hop waits for its stream once, in `unique`, instead of
+// twice, and the seeds are checked after the first hop instead of before it. The edge count is
+// then read after `unique` has drained the stream (a round trip with nothing queued to wait
+// for), the hop's buffers are sized by the bound n_dst * fanout with the unused tail of `src`
+// holding the first known node (so it adds no node and no edge), and the first hop reads the
+// CSR at clamped seeds (an out-of-range index would be a device-side assert on a GPU). The
+// batches are the same either way. Read per call, so that one process can time both; unset or
+// "default": the waits as they were.
+bool fewer_waits() {
+  const char* env = std::getenv("TORCH_DIRECT_SAMPLER_WAITS");
+  if (env == nullptr || *env == '\0' || std::string(env) == "default") {
+    return false;
+  }
+  TORCH_CHECK(std::string(env) == "fewer", "TORCH_DIRECT_SAMPLER_WAITS must be fewer or default, not '", env,
+              "'");
+  return true;
+}
+
+void throw_if_bad_seeds(int64_t lo, int64_t hi, bool repeated, int64_t num_nodes) {
+  TORCH_CHECK_INDEX(lo >= 0 && hi < num_nodes, "NeighborSampler: seed node ",
+                    c10::unified::num(lo < 0 ? lo : hi), " is out of range for a graph of ",
+                    c10::unified::num(num_nodes), " nodes");
+  TORCH_CHECK_VALUE(!repeated, "NeighborSampler: a seed node appears twice in one batch (seeds must be distinct)");
 }
 
 } // namespace
@@ -66,19 +93,17 @@ SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, cons
               "sample_blocks: seeds must be a 1-D int64 tensor");
   const int64_t num_nodes = rowptr.numel() - 1;
   at::Tensor nodes = seeds.contiguous();
-  if (nodes.numel() > 0) {
+  const bool fewer = fewer_waits();
+  // With fewer waits the seeds are checked after the first hop's `unique` (see fewer_waits).
+  const bool check_later = fewer && !fanouts.empty() && nodes.numel() > 0;
+  if (nodes.numel() > 0 && !check_later) {
     // One wait for the host instead of three: the sorted distinct seeds give the
     // duplicate check (their count) and the range check (their ends) together.
     const at::Tensor distinct = std::get<0>(at::_unique2(nodes, true, false, false));
     const at::Tensor ends =
         at::stack({distinct[0], distinct[-1]}).to(c10::kCPU);  // one copy of two values
-    const int64_t lo = ends[0].item<int64_t>();
-    const int64_t hi = ends[1].item<int64_t>();
-    TORCH_CHECK_INDEX(lo >= 0 && hi < num_nodes, "NeighborSampler: seed node ",
-                      c10::unified::num(lo < 0 ? lo : hi), " is out of range for a graph of ",
-                      c10::unified::num(num_nodes), " nodes");
-    TORCH_CHECK_VALUE(distinct.numel() == nodes.numel(),
-                      "NeighborSampler: a seed node appears twice in one batch (seeds must be distinct)");
+    throw_if_bad_seeds(ends[0].item<int64_t>(), ends[1].item<int64_t>(), distinct.numel() != nodes.numel(),
+                       num_nodes);
   }
   const auto long_opts = nodes.options().dtype(at::kLong);
   SampledBatch out;
@@ -88,35 +113,53 @@ SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, cons
     // Both ends of every target's row in one gather: read in address order, a
     // row's two ends share a cache line (one read, not two, over PCIe when
     // rowptr is in unified memory), and the draw then reads no rowptr.
-    const at::Tensor bounds = rowptr.index_select(0, at::cat({nodes, nodes + 1}));
+    const bool unchecked = check_later && h == 0;
+    const at::Tensor rows = unchecked ? nodes.clamp(0, num_nodes - 1) : nodes;
+    const at::Tensor bounds = rowptr.index_select(0, at::cat({rows, rows + 1}));
     const at::Tensor begin = bounds.slice(0, 0, n_dst);
     const at::Tensor degree = bounds.slice(0, n_dst) - begin;
     const at::Tensor counts = fanout < 0 ? degree : degree.clamp_max(fanout);
     const at::Tensor ends = counts.cumsum(0);
     const at::Tensor offsets = ends - counts;
-    const int64_t e = n_dst > 0 ? ends[-1].item<int64_t>() : 0;  // one sync per hop: the edge count
-    at::Tensor slots = at::empty({e}, long_opts);
-    at::Tensor src = at::empty({e}, long_opts);
-    at::Tensor dst = at::empty({e}, long_opts);
-    if (e > 0) {
+    // The edge count: here, one wait per hop; with fewer waits and a bounded fanout, after
+    // `unique` below, the buffers sized by the bound meanwhile.
+    const bool bounded = fewer && fanout >= 0;
+    int64_t e = bounded || n_dst == 0 ? 0 : ends[-1].item<int64_t>();
+    const int64_t cap = bounded ? n_dst * fanout : e;
+    at::Tensor slots = at::empty({cap}, long_opts);
+    at::Tensor src = bounded && cap > 0 ? nodes.slice(0, 0, 1).expand({cap}).contiguous()  // adds no node
+                                        : at::empty({cap}, long_opts);
+    at::Tensor dst = at::empty({cap}, long_opts);
+    if (cap > 0) {
       draw(col, begin, degree, fanout, offsets, seed,
            target_stream(static_cast<uint64_t>(stream), static_cast<int64_t>(h), 0), slots, src, dst);
     }
     // Relabel: local ids by first occurrence in [known nodes, sampled sources].
     const at::Tensor all = at::cat({nodes, src});
-    auto [unique, inverse, unused] = at::_unique2(all, true, true, false);
+    auto [unique, inverse, unused] = at::_unique2(all, true, true, false);  // waits for the stream
+    if (bounded && n_dst > 0) {
+      e = ends[-1].item<int64_t>();
+    }
     const int64_t u = unique.numel();
     const at::Tensor first =
         at::full({u}, std::numeric_limits<int64_t>::max(), long_opts)
             .scatter_reduce_(0, inverse, at::arange(all.numel(), long_opts), "amin", true);
+    if (unchecked) {
+      // Distinct seeds are each their own first occurrence; one copy of three values.
+      const at::Tensor seed_inverse = inverse.slice(0, 0, n_dst);
+      const at::Tensor repeated = first.index_select(0, seed_inverse).ne(at::arange(n_dst, long_opts)).any();
+      const at::Tensor facts = at::stack({nodes.min(), nodes.max(), repeated.to(at::kLong)}).to(c10::kCPU);
+      throw_if_bad_seeds(facts[0].item<int64_t>(), facts[1].item<int64_t>(), facts[2].item<int64_t>() != 0,
+                         num_nodes);
+    }
     const at::Tensor order = first.argsort();
     const at::Tensor rank = at::empty({u}, long_opts).index_put_({order}, at::arange(u, long_opts));
-    const at::Tensor src_local = rank.index_select(0, inverse.slice(0, n_dst));
+    const at::Tensor src_local = rank.index_select(0, inverse.slice(0, n_dst, n_dst + e));
     nodes = unique.index_select(0, order);
     Hop hop;
-    hop.edge_index = at::stack({src_local, dst});
+    hop.edge_index = at::stack({src_local, dst.slice(0, 0, e)});
     if (return_slots) {
-      hop.slots = slots;
+      hop.slots = e == cap ? slots : slots.slice(0, 0, e).clone();
     }
     hop.n_src = u;
     hop.n_dst = n_dst;
