@@ -336,6 +336,34 @@ class TestPipelinedLoader(TestCase):
             PipelinedLoader(object(), self.store, self.ids, 8)
         with self.assertRaisesRegex(TypeError, "node_ids"):
             PipelinedLoader(self.sampler, self.store, self.ids.float(), 8)
+        with self.assertRaisesRegex(ValueError, "stream_priority must be one of normal, high, got 'low'"):
+            PipelinedLoader(self.sampler, self.store, self.ids, 8, stream_priority="low")
+        with self.loader(stream_priority="high") as loader:   # no CUDA stream on the CPU: no effect
+            self.assertIsNone(loader.stream)
+            self.assertEqual(sum(b.batch_size for b in loader), self.ids.numel())
+
+    @requires_gpu
+    def test_high_priority_streams_give_the_same_batches(self):
+        from torch_direct.graph import GPUNeighborSampler
+        store = make_feature_store("unified", self.ds.x, "cuda")
+        for ahead in (False, True):
+            epochs = {}
+            for priority in ("normal", "high"):
+                gs = GPUNeighborSampler(self.ds.graph.to("unified"), [5, 3], seed=4)
+                with PipelinedLoader(gs, store, self.ids, 128, labels=self.ds.y.cuda(), prefetch=2, shuffle=False,
+                                     sample_ahead=ahead, stream_priority=priority) as loader:
+                    # CUDA: a lower number is a higher priority; torch maps the request into its range
+                    streams = [loader.stream] + ([loader._stages.sample_stream] if ahead else [])
+                    for st in streams:
+                        if priority == "high":
+                            self.assertLess(st.priority, 0)
+                        else:
+                            self.assertEqual(st.priority, 0)
+                    epochs[priority] = [(b.n_id.cpu(), b.x.cpu()) for b in loader]
+            self.assertEqual(len(epochs["normal"]), len(epochs["high"]))
+            for (n_a, x_a), (n_b, x_b) in zip(epochs["normal"], epochs["high"]):
+                self.assertEqual(n_a, n_b)
+                self.assertEqual(x_a, x_b)
 
     @requires_gpu
     def test_gpu_batches_on_a_side_stream(self):

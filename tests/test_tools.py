@@ -23,12 +23,14 @@ class TestStepFloorProbe(TestCase):
             out = Path(d) / "probe" / "p.json"
             r = probe("--root", d, "--device", "cpu", "--batches", "3", "--cached", "2", "--batch-size", "128",
                       "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "bf16",
-                      "--layers", "builtin", "--sampler-waits", "default,fewer", "--out", str(out))
+                      "--layers", "builtin", "--sampler-waits", "default,fewer", "--loader-priority", "high",
+                      "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             rec = json.loads(out.read_text())
             self.assertEqual(rec["batches"], 3)
-            self.assertEqual([(run["sampler_waits"], run["layers"], run["precision"]) for run in rec["runs"]],
-                             [("default", "builtin", "bf16"), ("fewer", "builtin", "bf16")])
+            self.assertEqual([(run["sampler_waits"], run["loader_priority"], run["layers"], run["precision"])
+                              for run in rec["runs"]],
+                             [("default", "high", "builtin", "bf16"), ("fewer", "high", "builtin", "bf16")])
             for run in rec["runs"]:
                 ms = run["ms_per_batch"]
                 self.assertEqual(set(ms), {"sample", "gather", "step", "together", "together_ahead"})
@@ -45,6 +47,7 @@ class TestStepFloorProbe(TestCase):
                               (["--precision", "fp32,fp8"], "expected comma-separated precisions"),
                               (["--layers", "dgl"], "expected comma-separated layers"),
                               (["--sampler-waits", "none"], "expected comma-separated settings"),
+                              (["--loader-priority", "low"], "expected comma-separated priorities"),
                               (["--device", "cpu", "--batch-size", "100000"], "make no batch of 100000")):
                 r = probe("--root", d, "--no-progress", *args)
                 self.assertEqual(r.returncode, 2, msg=f"{args}: {r.stderr[-500:]}")

@@ -42,7 +42,8 @@
 #   0 128 256 512; the table is 0.98 GB).
 # - floor-probe: tools/step_floor_probe.py on papers100M-like, CSR on the GPU, per precision
 #   (PROBE_PRECISIONS, default fp32,tf32,bf16), layer implementation (PyG's, built-in) and the
-#   sampler's host waits (TORCH_DIRECT_SAMPLER_WAITS default and fewer): the GPU
+#   sampler's host waits (TORCH_DIRECT_SAMPLER_WAITS default and fewer) and the loader's stream
+#   priority (normal, high): the GPU
 #   sampler, the gather from GPU memory and the training step, each alone and then together in
 #   gpu_resident's loader (with and without --sample-ahead), in ms per batch: what sets the 5.1 s
 #   floor of gpu_resident's epoch.
@@ -200,6 +201,7 @@ case "$what" in
     papers_data_once
     timeout 300 python3 tools/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
       --precision "${PROBE_PRECISIONS:-fp32,tf32,bf16}" --layers pyg,builtin --sampler-waits default,fewer \
+      --loader-priority normal,high \
       --no-progress \
       --out "$OUT/floor_probe_papers100M-like.json" \
       > "$OUT/floor_probe.log" 2>&1

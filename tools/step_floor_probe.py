@@ -69,6 +69,9 @@ def parse(argv=None):
                    help="comma-separated settings of TORCH_DIRECT_SAMPLER_WAITS for the GPU sampler: default = "
                         "two host waits per hop and the seeds checked first; fewer = one wait per hop (the same "
                         "batches); each is measured with each layer implementation and precision (default: default)")
+    p.add_argument("--loader-priority", type=_choices("priorities", ("normal", "high")), default=["normal"],
+                   help="comma-separated priorities of the loader's CUDA streams in the together parts, as "
+                        "train's --loader-priority (default: normal)")
     p.add_argument("--out", type=Path, default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
@@ -99,7 +102,7 @@ def timed(device, fn):
     return time.perf_counter() - t0
 
 
-def measure(precision, layers, ds, device, sampler, store, labels, batches, seeds, a, show) -> dict:
+def measure(precision, layers, priority, ds, device, sampler, store, labels, batches, seeds, a, show) -> dict:
     """Milliseconds per batch of each part with a fresh model of ``layers`` in ``precision``."""
     n_batches = len(batches)
     torch.manual_seed(0)
@@ -151,7 +154,7 @@ def measure(precision, layers, ds, device, sampler, store, labels, batches, seed
 
         for name, ahead in (("together", False), ("together_ahead", True)):
             loader = PipelinedLoader(sampler, store, seeds, a.batch_size, labels=labels, device=device,
-                                     prefetch=2, shuffle=False, sample_ahead=ahead)
+                                     prefetch=2, shuffle=False, sample_ahead=ahead, stream_priority=priority)
 
             def pipelined():
                 with loader, progress(n_batches, f"{precision} {name}", show) as bar:
@@ -195,18 +198,19 @@ def main(argv=None):
     print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
           f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, CSR on {graph.device}, {device}", flush=True)
     waits_before = os.environ.get("TORCH_DIRECT_SAMPLER_WAITS")
-    for waits, layers, precision in itertools.product(a.sampler_waits, a.layers, a.precision):
+    for waits, priority, layers, precision in itertools.product(a.sampler_waits, a.loader_priority, a.layers,
+                                                               a.precision):
         os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = waits   # read by the sampler on each call
         try:
-            run = measure(precision, layers, ds, device, sampler, store, labels, batches, seeds, a, show)
+            run = measure(precision, layers, priority, ds, device, sampler, store, labels, batches, seeds, a, show)
         finally:
             if waits_before is None:
                 os.environ.pop("TORCH_DIRECT_SAMPLER_WAITS", None)
             else:
                 os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = waits_before
-        run["sampler_waits"] = waits
+        run["sampler_waits"], run["loader_priority"] = waits, priority
         record["runs"].append(run)
-        print(f" {run['layers']} layers, {precision}, sampler waits {waits}:")
+        print(f" {run['layers']} layers, {precision}, sampler waits {waits}, loader priority {priority}:")
         for k, v in run["ms_per_batch"].items():
             print(f"  {k:15s} {v:8.3f} ms/batch")
         print(f"  together / (sample + gather + step) = {run['together_over_sum']:.2f} (sample ahead: "

@@ -44,6 +44,7 @@ import torch
 from .features import FeatureStore, _check_device
 
 STAGES = ("sample", "gather", "transfer")
+STREAM_PRIORITIES = ("normal", "high")
 _END = object()
 
 
@@ -307,14 +308,16 @@ class _Stages:
     """What the producer needs to make a batch: sampler, store, labels, device, side stream,
     and how many batches share one merged feature gather (``merge``; 1 = none)."""
 
-    def __init__(self, sampler, features, labels, device, stream, merge: int = 1, sample_ahead: bool = False):
+    def __init__(self, sampler, features, labels, device, stream, merge: int = 1, sample_ahead: bool = False,
+                 stream_priority: int = 0):
         self.sampler, self.features, self.labels = sampler, features, labels
         self.device, self.stream = device, stream
         self.cuda = device.type == "cuda"
         self.merge = merge
         # Sampling in a thread of its own, on a stream of its own on CUDA.
         self.sample_ahead = sample_ahead
-        self.sample_stream = torch.cuda.Stream(device) if sample_ahead and self.cuda else None
+        self.sample_stream = (torch.cuda.Stream(device, priority=stream_priority)
+                              if sample_ahead and self.cuda else None)
 
     def sample_iter(self, seeds):
         many = getattr(self.sampler, "sample_batches", None)
@@ -414,14 +417,18 @@ class PipelinedLoader:
     shuffled order on every rank; cut to the same length on every rank when shuffling, so that
     all take the same number of steps). ``sample_ahead``: sample in a thread (and CUDA stream) of
     its own, up to ``prefetch`` batches ahead of the gathering thread, so that one batch's
-    gather overlaps the next one's sampling; the batches are the same. Iterating starts an
-    epoch; see the module docstring for streams, timing, errors and shutdown.
+    gather overlaps the next one's sampling; the batches are the same. ``stream_priority``:
+    ``"high"`` puts the loader's CUDA streams at the device's highest priority, so that the
+    GPU schedules their short kernels (sampling, gathers) ahead of the training step's waiting
+    ones; ``"normal"`` (default) leaves them equal. Iterating starts an epoch; see the module
+    docstring for streams, timing, errors and shutdown.
     """
 
     def __init__(self, sampler, features: FeatureStore, node_ids, batch_size: int, *, labels=None,
                  device=None, prefetch: int = 2, shuffle: bool = True, drop_last: bool = False,
                  generator: torch.Generator | None = None, merge_gathers: int = 1,
-                 shard: tuple[int, int] | None = None, sample_ahead: bool = False):
+                 shard: tuple[int, int] | None = None, sample_ahead: bool = False,
+                 stream_priority: str = "normal"):
         if not isinstance(features, FeatureStore):
             raise TypeError(f"PipelinedLoader: features must be a FeatureStore, got {type(features).__name__}")
         if not hasattr(sampler, "sample"):
@@ -450,12 +457,18 @@ class PipelinedLoader:
         self.shard = shard
         self.device = features.device if device is None else _check_device(device)
         self.cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        if stream_priority not in STREAM_PRIORITIES:
+            raise ValueError(f"PipelinedLoader: stream_priority must be one of {', '.join(STREAM_PRIORITIES)}, "
+                             f"got {stream_priority!r}")
+        self.stream_priority = stream_priority
+        # CUDA's lower number is the higher priority; "high" takes the highest the device has.
+        prio = torch.cuda.Stream.priority_range()[1] if self.cuda and stream_priority == "high" else 0
+        self.stream = torch.cuda.Stream(self.device, priority=prio) if self.cuda else None
         if sample_ahead and prefetch == 0:
             raise ValueError("PipelinedLoader: sample_ahead needs prefetch > 0 (it is a thread of its own)")
         self.sample_ahead = bool(sample_ahead)
         self._stages = _Stages(sampler, features, self.labels, self.device, self.stream,
-                              merge_gathers, self.sample_ahead)
+                              merge_gathers, self.sample_ahead, prio)
         self._epoch: _Epoch | None = None
         self._last: dict | None = None
 

@@ -283,6 +283,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sample in a thread (and CUDA stream) of its own, up to --prefetch batches ahead of "
                         "the feature gather, so that one batch's gather overlaps the next one's sampling "
                         "(the batches are the same); needs --prefetch > 0")
+    p.add_argument("--loader-priority", choices=("normal", "high"), default="normal",
+                   help="priority of the loader's CUDA streams: high = the device's highest, so the GPU runs "
+                        "the loader's short sampling and gather kernels ahead of the training step's waiting "
+                        "ones; the batches are the same (default: %(default)s)")
     p.add_argument("--reorder", choices=("degree", "frequency", "none"), default="none",
                    help="locality lever: relabel the nodes once before training, hot nodes first "
                         "(degree = most neighbours, frequency = most often a neighbour), so the rows a "
@@ -643,11 +647,11 @@ def _run(args, ctx) -> dict:
     train_loader = PipelinedLoader(make_sampler(args.fanouts, sample_seed), store, ds.split["train"],
                                    args.batch_size, labels=labels, device=device, prefetch=args.prefetch,
                                    generator=gen, merge_gathers=merge, shard=shard,
-                                   sample_ahead=args.sample_ahead)
+                                   sample_ahead=args.sample_ahead, stream_priority=args.loader_priority)
     eval_loader = lambda ids, f, seed: PipelinedLoader(  # noqa: E731
         make_sampler(f, seed), store, ids, args.eval_batch_size, labels=labels, device=device,
         prefetch=args.prefetch, shuffle=False, merge_gathers=merge, shard=shard,
-        sample_ahead=args.sample_ahead)
+        sample_ahead=args.sample_ahead, stream_priority=args.loader_priority)
     use_pyg = {"auto": None, "pyg": True, "builtin": False}[args.layers]
     if use_pyg and not have_pyg():
         raise ValueError("--layers pyg: torch_geometric is not installed (pip install torch_geometric)")
@@ -663,10 +667,12 @@ def _run(args, ctx) -> dict:
               "dataset": repr(ds), "backend": model.backend,
               "sampler": "gpu" if use_gpu_sampler else "cpu", "graph": graph.device.type,
               "reorder": args.reorder, "reorder_s": reorder_s, "precision": args.precision,
+              "loader_priority": args.loader_priority,
               "merge_gathers": merge, "epochs": []}
     say(f"train: {ds!r}\n  model {args.model} ({model.backend}), pipeline {args.pipeline}, device {device}, "
           f"sampler {record['sampler']} (CSR on {record['graph']}), fanouts {args.fanouts}, batch {args.batch_size}, hidden {args.hidden}"
           + (f", precision {args.precision}" if args.precision != "fp32" else "")
+          + (f", loader streams at {args.loader_priority} priority" if args.loader_priority != "normal" else "")
           + (f", reorder {args.reorder} ({reorder_s:.2f} s)" if args.reorder != "none" else "")
         + (f", {merge} batches per gather" if merge > 1 else "")
         + (f"\n  {ctx.world} processes ({ctx.backend}), one host copy per node in shared memory"
