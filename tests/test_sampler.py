@@ -434,7 +434,7 @@ class FewerWaits:
         for col_dtype in (torch.int64, torch.int32):
             graph = random_graph(num_nodes=2000, num_edges=40000, col_dtype=col_dtype)
             seeds = torch.randperm(2000, generator=torch.Generator().manual_seed(0))[:256]
-            for fanouts in ([15, 10, 5], [-1, 3], [0, 4], [3]):
+            for fanouts in ([15, 10, 5], [-1, 3], [0, 4], [3], [200, 2]):   # 200: above the padding limit
                 fewer = self.sampler(graph, fanouts, seed=3, return_edge_ids=True).sample(seeds).to("cpu")
                 os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = "default"
                 try:

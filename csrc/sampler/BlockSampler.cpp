@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -35,7 +36,8 @@ void draw(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& deg
 // then read after `unique` has drained the stream (a round trip with nothing queued to wait
 // for), the hop's buffers are sized by the bound n_dst * fanout with the unused tail of `src`
 // holding the first known node (so it adds no node and no edge), and the first hop reads the
-// CSR at clamped seeds (an out-of-range index would be a device-side assert on a GPU). The
+// CSR at clamped seeds (an out-of-range index would be a device-side assert on a GPU). A hop
+// whose fanout is above max(16, 4 x the mean degree) still waits for its edge count first. The
 // batches are the same either way. Read per call, so that one process can time both; unset or
 // "default": the waits as they were.
 bool fewer_waits() {
@@ -106,6 +108,8 @@ SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, cons
                        num_nodes);
   }
   const auto long_opts = nodes.options().dtype(at::kLong);
+  const double mean_degree = num_nodes > 0 ? static_cast<double>(col.numel()) / static_cast<double>(num_nodes) : 0.0;
+  const double pad_limit = std::max(16.0, 4.0 * mean_degree);
   SampledBatch out;
   for (size_t h = 0; h < fanouts.size(); ++h) {
     const int64_t fanout = fanouts[h];
@@ -122,8 +126,10 @@ SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, cons
     const at::Tensor ends = counts.cumsum(0);
     const at::Tensor offsets = ends - counts;
     // The edge count: here, one wait per hop; with fewer waits and a bounded fanout, after
-    // `unique` below, the buffers sized by the bound meanwhile.
-    const bool bounded = fewer && fanout >= 0;
+    // `unique` below, the buffers sized by the bound meanwhile. A fanout far above the mean
+    // degree would make that bound mostly padding (memory, and `unique` over it): such a hop
+    // waits here as before.
+    const bool bounded = fewer && fanout >= 0 && static_cast<double>(fanout) <= pad_limit;
     int64_t e = bounded || n_dst == 0 ? 0 : ends[-1].item<int64_t>();
     const int64_t cap = bounded ? n_dst * fanout : e;
     at::Tensor slots = at::empty({cap}, long_opts);
