@@ -11,7 +11,8 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct  # noqa: F401
-from torch_direct.graph import CSRGraph, NeighborSampler, NodeDataset, Reordering, load_dataset, reorder
+from torch_direct.graph import (CSRGraph, NeighborSampler, NodeDataset, Reordering, access_frequency,
+                                load_dataset, reorder)
 from torch_direct.graph.reorder import relabel_graph
 from torch_direct.pipeline import PipelinedLoader, make_feature_store
 from common import TinyDatasetCase, requires_gpu
@@ -83,6 +84,55 @@ class TestReorder(TestCase):
         g3, _ = reorder(g, "frequency")
         freq = torch.bincount(g3.col.long(), minlength=200)
         self.assertTrue(bool((freq[1:] <= freq[:-1]).all()))
+
+    def test_access_frequency(self):
+        # rows: 0 -> [1, 2, 3, 4], 1 -> [2], 2 -> [1, 2 is not its own], 3 -> [], 4 -> [1]
+        ei = torch.tensor([[1, 2, 3, 4, 2, 1, 1], [0, 0, 0, 0, 1, 2, 4]])
+        g = CSRGraph.from_edge_index(ei, 5)
+        self.assertEqual(g.degree(), torch.tensor([4, 1, 1, 0, 1]))
+        self.assertEqual(access_frequency(g), torch.bincount(g.col.long(), minlength=5).float())
+        # fanout 2: row 0 reads each of its 4 neighbours with chance 2/4; the short rows read theirs
+        self.assertEqual(access_frequency(g, 2), torch.tensor([0.0, 2.5, 1.5, 0.5, 0.5]))
+        sym = CSRGraph.from_edge_index(ei, 5, symmetrize=True, dedupe=True)
+        self.assertEqual(access_frequency(sym), sym.degree().float())   # undirected: the degree
+        mod = sys.modules["torch_direct.graph.reorder"]
+        big = random_graph(300, 5000, 2)
+        whole = access_frequency(big, 5)
+        saved = mod._EDGE_CHUNK
+        try:
+            for chunk in (1, 13, 400):
+                mod._EDGE_CHUNK = chunk
+                self.assertEqual(access_frequency(big, 5), whole, atol=1e-4, rtol=1e-5)
+        finally:
+            mod._EDGE_CHUNK = saved
+        self.assertEqual(access_frequency(big.to("unified") if torch.cuda.is_available() else big, 5), whole)
+        for bad in (0, -2, 1.5, True):
+            with self.assertRaisesRegex(ValueError, "fanout must be a positive int or -1"):
+                access_frequency(g, bad)
+        with self.assertRaisesRegex(TypeError, "CSRGraph"):
+            access_frequency(ei, 2)
+
+    def test_cache_ranking_holds_the_rows_the_sampler_reads(self):
+        # On a directed graph whose row lengths are unrelated to how popular a node is as a
+        # neighbour (as on the synthetic presets), a cache of the longest rows holds about its own
+        # share of the reads; one ranked by access frequency holds far more (what --cache-mb uses).
+        from torch_direct.graph.datasets import Preset, generate
+        preset = Preset(20_000, 200_000, 8, 4, torch.float32, (0.5, 0.2, 0.3))
+        with tempfile.TemporaryDirectory() as d:
+            ds = generate("mid", seed=0, path=os.path.join(d, "mid"), show_progress=False, preset=preset)
+            g = ds.graph
+            sampler = NeighborSampler(g, [15, 10, 5], seed=0)
+            seeds = ds.split["train"][torch.randperm(ds.split["train"].numel(),
+                                                     generator=torch.Generator().manual_seed(0))]
+            reads = torch.zeros(g.num_nodes)
+            for i in range(20):   # batches of 64: each reads a small part of the graph, as on the presets
+                n_id = sampler.sample(seeds[i * 64:(i + 1) * 64]).n_id
+                reads.index_add_(0, n_id, torch.ones(n_id.numel()))
+            k = g.num_nodes // 5
+            held = {name: float(reads[torch.topk(score.float(), k).indices].sum() / reads.sum())
+                    for name, score in (("degree", g.degree()), ("access", access_frequency(g, 5)))}
+            self.assertLess(held["degree"], 0.3, msg=str(held))            # about its 20% share
+            self.assertGreater(held["access"], 1.5 * held["degree"], msg=str(held))
 
     def test_dataset_follows_nodes_and_maps_back(self):
         with tempfile.TemporaryDirectory() as root:
@@ -204,9 +254,9 @@ class TestAblation(_Tiny):
         base = rows["baseline"]
         self.assertEqual((base["reorder"], base["merge_gathers"], base["cache_mb"], base["graph"]),
                          ("none", 1, 0, "cpu"))
-        self.assertEqual(rows["reorder"]["reorder"], "degree")
+        self.assertEqual(rows["reorder"]["reorder"], "frequency")
         self.assertEqual(rows["merge"]["merge_gathers"], 2)
-        self.assertEqual(rows["all"]["reorder"], "degree")
+        self.assertEqual(rows["all"]["reorder"], "frequency")
         self.assertIn("no GPU", rows["cache"]["note"])   # --device cpu: the cache cannot apply
         self.assertIn("no GPU", rows["graph"]["note"])   # nor the GPU copy of the CSR
         self.assertEqual(rows["graph"]["graph"], "cpu")  # the CPU sampler reads the host CSR

@@ -55,5 +55,28 @@ class TestStepFloorProbe(TestCase):
             self.assertEqual(list(Path(d).glob("*.json")), [])
 
 
+class TestCacheRankProbe(TestCase):
+    def test_shares_of_the_reads(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "c.json"
+            r = subprocess.run([sys.executable, str(REPO / "tools" / "cache_rank_probe.py"), "--root", d,
+                                "--dataset", "tiny", "--batch-size", "64", "--batches", "5",
+                                "--fractions", "0.1,0.5,1", "--out", str(out)],
+                               capture_output=True, text=True, timeout=600, cwd=REPO)
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            rec = json.loads(out.read_text())
+            self.assertEqual(set(rec["held"]), {"0.1", "0.5", "1.0"})
+            for frac, held in rec["held"].items():
+                self.assertEqual(set(held), {"degree", "frequency", "access", "oracle"})
+                for name, v in held.items():   # no ranking beats the reads themselves
+                    self.assertLessEqual(v, held["oracle"] + 1e-12, msg=f"{frac} {name}")
+                    self.assertGreater(v, 0.0)
+            self.assertEqual(rec["held"]["1.0"], {k: 1.0 for k in rec["held"]["1.0"]})   # every row cached
+            r = subprocess.run([sys.executable, str(REPO / "tools" / "cache_rank_probe.py"), "--fractions", "0,2"],
+                               capture_output=True, text=True, timeout=600, cwd=REPO)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("each must be in (0, 1]", r.stderr)
+
+
 if __name__ == "__main__":
     run_tests()

@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
 # extension: the end-to-end pipeline figures of issue 5, in one call.
 #
-#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-all|papers-all-ahead|floor-probe|products-cache|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
+#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-all|papers-all-ahead|floor-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -37,7 +37,10 @@
 #   --merge-gathers --cache-mb 8192`: on products-like together 1.31x, on papers100M-like not yet
 #   run); papers-all-ahead: the same with --sample-ahead (sampling beside the gather since the
 #   gathers let go of the GIL). One call each: reordering copies the 36 GB table.
-# - products-cache: products-like, CSR on the GPU: gpu_resident, then unified with --reorder degree
+# - papers-cache: papers100M-like, CSR on the GPU, unified with an 8 GiB cache (ranked by access
+#   frequency; runs before this step ranked it by row length), alone and with --reorder frequency
+#   --merge-gathers, 12 hybrid threads and --sample-ahead.
+# - products-cache: products-like, CSR on the GPU: gpu_resident, then unified with --reorder frequency
 #   --sample-ahead and a GPU cache of the hottest rows of each budget in CACHE_MB_LIST (MiB, default
 #   0 128 256 512; the table is 0.98 GB).
 # - floor-probe: tools/step_floor_probe.py on papers100M-like, CSR on the GPU, per precision
@@ -192,8 +195,16 @@ case "$what" in
       --graph gpu --test-nodes 20000
     for mb in ${CACHE_MB_LIST:-0 128 256 512}; do
       bench products-like_graph-gpu_reorder_sample-ahead_cache$mb 60 --dataset products-like --epochs 2 \
-        --pipelines unified --graph gpu --reorder degree --sample-ahead --cache-mb "$mb" --test-nodes 20000
+        --pipelines unified --graph gpu --reorder frequency --sample-ahead --cache-mb "$mb" --test-nodes 20000
     done ;;
+  papers-cache)  # the 8 GiB cache ranked by access frequency (earlier runs ranked it by row length: 30%
+    # of lookups hit, its share of the rows), alone and with every lever, the hybrid and sampling ahead
+    papers_data_once
+    bench papers100M-like_graph-gpu_cache8g 170 --dataset papers100M-like --epochs 2 --pipelines unified \
+      --graph gpu --cache-mb 8192 --test-nodes 100000
+    bench papers100M-like_graph-gpu_all-levers-freq_hybrid12_sample-ahead 200 --dataset papers100M-like \
+      --epochs 2 --pipelines unified --graph gpu --reorder frequency --merge-gathers --cache-mb 8192 \
+      --gather-cpu-threads 12 --sample-ahead --test-nodes 100000 ;;
   papers-data) papers_data_once ;;
   floor-probe)  # what sets gpu_resident's epoch on papers100M-like: sampler, gather and step alone and
     # together, per precision (tools/step_floor_probe.py; docs/pipeline.md)
@@ -232,5 +243,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-all, papers-all-ahead, floor-probe, products-cache, profile, gather-probes, gather-kernels, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-all, papers-all-ahead, floor-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
 esac

@@ -21,7 +21,6 @@ of the tool, not a measurement).
 """
 import argparse
 import itertools
-import json
 import os
 import sys
 import time
@@ -32,6 +31,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _cli import run, write_record  # noqa: E402
 
 from torch_direct.graph import GPUNeighborSampler, load_dataset  # noqa: E402
 from torch_direct.graph._progress import progress  # noqa: E402
@@ -150,7 +152,7 @@ def measure(precision, layers, priority, ds, device, sampler, store, labels, bat
                     step(*cached[i % len(cached)])
                     bar.update(1)
         parts["step"] = timed(device, steps_alone)
-        del cached
+        cached.clear()   # the cached batches go before the pipelined parts
 
         for name, ahead in (("together", False), ("together_ahead", True)):
             loader = PipelinedLoader(sampler, store, seeds, a.batch_size, labels=labels, device=device,
@@ -216,16 +218,11 @@ def main(argv=None):
         print(f"  together / (sample + gather + step) = {run['together_over_sum']:.2f} (sample ahead: "
               f"{run['together_ahead_over_sum']:.2f}; perfect overlap: {run['max_part_over_sum']:.2f})", flush=True)
         if a.out:   # rewritten after each run: a call cut short keeps what it measured
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(json.dumps(record, indent=1) + "\n")
+            write_record(a.out, record)
     if a.out:
         print(f"wrote {a.out}")
     return record
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
-        print(f"step_floor_probe: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run("step_floor_probe", main)

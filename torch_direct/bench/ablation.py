@@ -1,7 +1,7 @@
 """train-ablation: the epoch time with each locality lever off and on (issue 5, item 4).
 
     python -m torch_direct.bench train-ablation --dataset products-like --pipeline unified \\
-        --reorder degree --merge-gathers --cache-mb 1024 --epochs 3 --out results/train_ablation.json
+        --reorder frequency --merge-gathers --cache-mb 1024 --epochs 3 --out results/train_ablation.json
 
 Trains the same model on the same data with the same seeds once per configuration:
 ``baseline`` (no lever), each lever alone (``reorder``: node ids relabelled hot nodes first;
@@ -12,7 +12,7 @@ time, speed-up over the baseline, the loader's exposed gather time, loss and acc
 JSON record. The epoch time is the median over the epochs after the first (the first warms
 up), or the one epoch when ``--epochs 1``. Every option of ``python -m torch_direct train``
 applies (``--json`` is another name for ``--out``); the lever options give each lever's setting when on (their defaults here: reorder
-by degree, merge the prefetch window, a 256 MiB cache, ``--graph gpu``). The levers change where rows are
+by frequency, the nodes read most often first, merge the prefetch window, a 256 MiB cache, ``--graph gpu``). The levers change where rows are
 read, not what is computed: ``reorder`` and ``merge`` train on the same batches and features
 as the baseline (same losses and accuracies), and the cache only exists on a GPU (on a CPU
 its row is run and says it had no effect; so does the graph lever).
@@ -38,7 +38,7 @@ CONFIGS = (("baseline", ()), ("reorder", ("reorder",)), ("merge", ("merge",)), (
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     from ..pipeline import train
     train.add_arguments(ap)
-    ap.set_defaults(reorder="degree", merge_gathers=0, cache_mb=256, graph="gpu", epochs=3)
+    ap.set_defaults(reorder="frequency", merge_gathers=0, cache_mb=256, graph="gpu", epochs=3)
     ap.add_argument("--configs", default=",".join(c for c, _ in CONFIGS),
                     help="configurations to run, comma-separated, from the default list (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=Path("results/train_ablation.json"),

@@ -12,9 +12,9 @@
 from .csr import CSRGraph
 from .datasets import PRESETS, NodeDataset, default_root, generate, load_dataset
 from .ogb import load_ogb
-from .reorder import Reordering, reorder
+from .reorder import Reordering, access_frequency, reorder
 from .sampler import Block, GPUNeighborSampler, NeighborSampler, SampledBatch
 
 __all__ = ["Block", "CSRGraph", "GPUNeighborSampler", "NeighborSampler", "NodeDataset", "PRESETS",
-           "Reordering", "SampledBatch", "default_root", "generate", "load_dataset", "load_ogb",
-           "reorder"]
+           "Reordering", "SampledBatch", "access_frequency", "default_root", "generate", "load_dataset",
+           "load_ogb", "reorder"]

@@ -62,6 +62,39 @@ class Reordering:
         return t[self.perm.to(t.device)]
 
 
+def access_frequency(graph: CSRGraph, fanout: int = -1) -> torch.Tensor:
+    """How often each node is read as a neighbour when every node draws ``fanout`` of its
+    neighbours uniformly without replacement (all of them with ``-1``): for node ``v``, the sum
+    over the rows ``r`` that list it of ``min(1, fanout / len(r))``. float32, on the CPU.
+
+    This is what the GPU cache of hot rows ranks by (``train --cache-mb``). A row's length is
+    not a proxy for it on a directed graph: on the synthetic presets the two are uncorrelated,
+    and a cache of the longest rows holds only its own share of the reads (docs/pipeline.md).
+    On an undirected graph with ``fanout=-1`` it equals the degree. Computed in chunks of about
+    ``_EDGE_CHUNK`` edges."""
+    if isinstance(fanout, bool) or not isinstance(fanout, int) or not (fanout == -1 or fanout > 0):
+        raise ValueError(f"access_frequency: fanout must be a positive int or -1 (all neighbours), got {fanout!r}")
+    if not isinstance(graph, CSRGraph):
+        raise TypeError(f"access_frequency: graph must be a CSRGraph, got {type(graph).__name__}")
+    rowptr = _host(graph.rowptr).cpu()
+    col = _host(graph.col).cpu()
+    n = graph.num_nodes
+    deg = rowptr[1:] - rowptr[:-1]
+    weight = (torch.ones(n) if fanout < 0
+              else (float(fanout) / deg.clamp(min=1).to(torch.float64)).clamp_(max=1.0).float())
+    out = torch.zeros(n, dtype=torch.float32)
+    start = 0
+    while start < n:
+        # rows [start, end) hold about _EDGE_CHUNK edges (at least one row)
+        end = int(torch.searchsorted(rowptr, rowptr[start] + _EDGE_CHUNK, right=True)) - 1
+        end = min(max(end, start + 1), n)
+        e0, e1 = int(rowptr[start]), int(rowptr[end])
+        if e1 > e0:
+            out.index_add_(0, col[e0:e1].long(), torch.repeat_interleave(weight[start:end], deg[start:end]))
+        start = end
+    return out
+
+
 def _order(graph: CSRGraph, by) -> tuple[torch.Tensor, str]:
     n = graph.num_nodes
     if isinstance(by, torch.Tensor):
@@ -79,7 +112,7 @@ def _order(graph: CSRGraph, by) -> tuple[torch.Tensor, str]:
         return perm, "custom"
     if by == "none":
         return torch.arange(n), by
-    if by == "degree":          # row length: what the GPU cache ranks rows by
+    if by == "degree":          # row length
         score = graph.degree().cpu()
     elif by == "frequency":     # how often a node is someone's neighbour (sampled, so gathered)
         score = torch.bincount(_host(graph.col).cpu().long(), minlength=n)

@@ -1,7 +1,8 @@
 """The GNN training pipeline: feature stores, a pipelined loader and the training CLI.
 
     >>> from torch_direct.pipeline import make_feature_store, PipelinedLoader
-    >>> store = make_feature_store("unified", ds.x, "cuda", cache_bytes=2**30, degree=ds.graph.degree())
+    >>> store = make_feature_store("unified", ds.x, "cuda", cache_bytes=2**30,
+    ...                            degree=access_frequency(ds.graph, fanout=5))
     >>> with PipelinedLoader(NeighborSampler(ds.graph, [15, 10, 5]), store, ds.split["train"], 1024,
     ...                      labels=ds.y) as loader:
     ...     for b in loader: ...

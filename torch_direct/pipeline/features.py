@@ -1,7 +1,7 @@
 """Feature stores: where a mini-batch's feature rows come from, behind one interface.
 
     >>> store = make_feature_store("unified", ds.x, device="cuda", cache_bytes=2**30,
-    ...                            degree=ds.graph.degree())
+    ...                            degree=access_frequency(ds.graph, fanout=5))
     >>> x = store.gather(batch.n_id, "cuda", stream=side_stream)   # [len(n_id), F] on cuda
 
 Three kinds (BENCHMARKS.md, "End-to-end GNN training"):
@@ -9,7 +9,10 @@ Three kinds (BENCHMARKS.md, "End-to-end GNN training"):
 ``unified``       the table lives in unified memory (pinned, GPU-mapped host memory); a CUDA
                   index gathers the rows in place with ``torch_direct.gather`` (one kernel, no
                   staging copy). Optional GPU cache: the ``cache_bytes`` worth of rows with the
-                  highest degree are copied to the GPU once and served from there.
+                  highest ``degree`` score (how often a row is read:
+                  ``torch_direct.graph.access_frequency``, which ``train`` passes; an undirected
+                  graph's degree is the same ranking) are copied to the GPU once and served
+                  from there.
 ``cpu_centric``   the baseline: CPU threads slice the rows into a pinned buffer, then a DMA
                   copies it to the GPU (on the caller's stream, typically a side stream).
 ``gpu_resident``  the whole table is copied to the GPU once; a gather is an ``index_select``.
@@ -101,8 +104,10 @@ class UnifiedFeatureStore(FeatureStore):
 
     ``x`` is used as is when already unified, else copied into unified memory once
     (``pin_inplace=True`` maps a CPU tensor's own pages instead). ``cache_bytes``
-    (GPU device only): the rows with the highest ``degree`` that fit in that many
-    bytes are copied to the GPU and served from there; the others are read in place.
+    (GPU device only): the rows with the highest ``degree`` score that fit in that many
+    bytes are copied to the GPU and served from there; the others are read in place. The
+    score should say how often a row is read (``access_frequency``); a directed graph's row
+    lengths need not (on the synthetic presets they are uncorrelated with it).
     ``max_sms`` caps the streaming multiprocessors the gather kernel runs on (None: all),
     so that a training step queued beside a gather is not left waiting for it.
     ``cpu_threads`` (GPU device only; 0: off) makes each gather hybrid: that many CPU threads

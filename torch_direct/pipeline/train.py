@@ -263,8 +263,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "sampler; the features stay where --pipeline puts them). gpu_resident always "
                         "copies it (default: %(default)s)")
     p.add_argument("--cache-mb", type=_nonneg_int, default=0,
-                   help="unified pipeline on a GPU: MiB of GPU memory for the hottest (highest-degree) "
-                        "feature rows (default: %(default)s)")
+                   help="unified pipeline on a GPU: MiB of GPU memory for the hottest feature rows, those "
+                        "the sampler reads most often (torch_direct.graph.access_frequency with the last "
+                        "fanout) (default: %(default)s)")
     p.add_argument("--gather-sms", type=_nonneg_int, default=0,
                    help="unified pipeline on a GPU: streaming multiprocessors the feature gather may use, "
                         "leaving the others to the training step it overlaps; 0 = all (default: %(default)s)")
@@ -560,7 +561,7 @@ def run(args) -> dict:
 
 
 def _run(args, ctx) -> dict:
-    from ..graph import GPUNeighborSampler, NeighborSampler
+    from ..graph import GPUNeighborSampler, NeighborSampler, access_frequency
     from ..graph._progress import progress
     from .distributed import fail_injected, host_pss_bytes, pinned_graph, shared_dataset
     from .features import make_feature_store
@@ -635,7 +636,10 @@ def _run(args, ctx) -> dict:
         make_sampler = lambda f, s: NeighborSampler(graph, f, seed=s, pin_memory=pin)  # noqa: E731
     store = make_feature_store(args.pipeline, ds.x, device, torch.float32,
                                cache_bytes=args.cache_mb << 20,
-                               degree=ds.graph.degree() if args.cache_mb else None,
+                               # ranked by how often the sampler reads a row (its outermost
+                               # hop reads the most rows), not by row length
+                               degree=(access_frequency(ds.graph, args.fanouts[-1])
+                                       if args.cache_mb and device.type == "cuda" else None),
                                pin_inplace=ctx is not None,
                                max_sms=args.gather_sms if device.type == "cuda" and args.gather_sms else None,
                                cpu_threads=args.gather_cpu_threads if device.type == "cuda" else 0)
