@@ -54,7 +54,7 @@ def main(argv=None):
     for i in range(n_batches):
         n_id = sampler.sample(seeds[i * a.batch_size:(i + 1) * a.batch_size]).n_id
         reads.index_add_(0, n_id, torch.ones(n_id.numel(), dtype=torch.float64))
-    scores = {"degree": g.degree().double(), "frequency": torch.bincount(g.col.long(), minlength=g.num_nodes).double(),
+    scores = {"degree": g.degree().double(), "frequency": access_frequency(g).double(),
               "access": access_frequency(g, a.fanouts[-1]).double(), "oracle": reads}
     total = float(reads.sum())
     record = {"tool": "cache_rank_probe", "dataset": a.dataset, "fanouts": a.fanouts, "batch_size": a.batch_size,

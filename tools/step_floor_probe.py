@@ -38,7 +38,7 @@ from _cli import run, write_record  # noqa: E402
 from torch_direct.graph import GPUNeighborSampler, load_dataset  # noqa: E402
 from torch_direct.graph._progress import progress  # noqa: E402
 from torch_direct.pipeline.features import make_feature_store  # noqa: E402
-from torch_direct.pipeline.loader import PipelinedLoader  # noqa: E402
+from torch_direct.pipeline.loader import STREAM_PRIORITIES, PipelinedLoader  # noqa: E402
 from torch_direct.pipeline.train import (GNN, PRECISIONS, _fanouts, _resolve_device, check_precision,  # noqa: E402
                                          graph_to_gpu, model_precision)
 
@@ -71,7 +71,7 @@ def parse(argv=None):
                    help="comma-separated settings of TORCH_DIRECT_SAMPLER_WAITS for the GPU sampler: default = "
                         "two host waits per hop and the seeds checked first; fewer = one wait per hop (the same "
                         "batches); each is measured with each layer implementation and precision (default: default)")
-    p.add_argument("--loader-priority", type=_choices("priorities", ("normal", "high")), default=["normal"],
+    p.add_argument("--loader-priority", type=_choices("priorities", STREAM_PRIORITIES), default=["normal"],
                    help="comma-separated priorities of the loader's CUDA streams in the together parts, as "
                         "train's --loader-priority (default: normal)")
     p.add_argument("--out", type=Path, default=None, help="write the JSON record here")

@@ -115,7 +115,7 @@ def _order(graph: CSRGraph, by) -> tuple[torch.Tensor, str]:
     if by == "degree":          # row length
         score = graph.degree().cpu()
     elif by == "frequency":     # how often a node is someone's neighbour (sampled, so gathered)
-        score = torch.bincount(_host(graph.col).cpu().long(), minlength=n)
+        score = access_frequency(graph)   # in chunks: no int64 copy of the whole column array
     else:
         raise ValueError(f"reorder: by must be one of {', '.join(ORDERS)} or a permutation tensor, got {by!r}")
     # Highest first; ties keep their original order (stable), so the result is deterministic.

@@ -460,7 +460,6 @@ class PipelinedLoader:
         if stream_priority not in STREAM_PRIORITIES:
             raise ValueError(f"PipelinedLoader: stream_priority must be one of {', '.join(STREAM_PRIORITIES)}, "
                              f"got {stream_priority!r}")
-        self.stream_priority = stream_priority
         # CUDA's lower number is the higher priority; "high" takes the highest the device has.
         prio = torch.cuda.Stream.priority_range()[1] if self.cuda and stream_priority == "high" else 0
         self.stream = torch.cuda.Stream(self.device, priority=prio) if self.cuda else None

@@ -106,10 +106,15 @@ def make_layer(model: str, in_dim: int, out_dim: int, last: bool, use_pyg: bool)
     return _PyGLayer(GINConv(mlp, train_eps=True))
 
 
-def check_precision(precision: str, device) -> torch.device:
-    """Refuse a precision the device cannot run (before any data is loaded); the device."""
+def _known_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+def check_precision(precision: str, device) -> torch.device:
+    """Refuse a precision the device cannot run (before any data is loaded); the device."""
+    _known_precision(precision)
     device = torch.device(device)
     if precision == "tf32" and device.type != "cuda":
         raise ValueError(f"--precision tf32 needs a CUDA device (TF32 is a GPU tensor-core format), not {device}")
@@ -140,9 +145,7 @@ class GNN(nn.Module):
     def __init__(self, model: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
                  dropout: float = 0.5, use_pyg: bool | None = None, precision: str = "fp32"):
         super().__init__()
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-        self.precision = precision
+        self.precision = _known_precision(precision)
         use_pyg = have_pyg() if use_pyg is None else use_pyg
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
         self.layers = nn.ModuleList(make_layer(model, dims[i], dims[i + 1], i == num_layers - 1, use_pyg)
@@ -212,6 +215,7 @@ def _nonneg_int(text: str) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``python -m torch_direct train``."""
     from .features import KINDS
+    from .loader import STREAM_PRIORITIES
     p.add_argument("--dataset", default="tiny",
                    help="a preset (tiny, arxiv-like, products-like, papers100M-like; generated once and "
                         "cached) or an OGB name such as ogbn-arxiv read from --root (default: %(default)s)")
@@ -284,7 +288,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sample in a thread (and CUDA stream) of its own, up to --prefetch batches ahead of "
                         "the feature gather, so that one batch's gather overlaps the next one's sampling "
                         "(the batches are the same); needs --prefetch > 0")
-    p.add_argument("--loader-priority", choices=("normal", "high"), default="normal",
+    p.add_argument("--loader-priority", choices=STREAM_PRIORITIES, default="normal",
                    help="priority of the loader's CUDA streams: high = the device's highest, so the GPU runs "
                         "the loader's short sampling and gather kernels ahead of the training step's waiting "
                         "ones; the batches are the same (default: %(default)s)")
