@@ -44,7 +44,7 @@
 #   --sample-ahead and a GPU cache of the hottest rows of each budget in CACHE_MB_LIST (MiB, default
 #   0 128 256 512; the table is 0.98 GB).
 # - floor-probe: tools/step_floor_probe.py on papers100M-like, CSR on the GPU, per precision
-#   (PROBE_PRECISIONS, default fp32,tf32,bf16), layer implementation (PyG's, built-in) and the
+#   (PROBE_PRECISIONS, default fp32,tf32,bf16; PROBE_BATCHES per part, default 200; PROBE_LIMIT s), layer implementation (PyG's, built-in) and the
 #   sampler's host waits (TORCH_DIRECT_SAMPLER_WAITS default and fewer) and the loader's stream
 #   priority (normal, high): the GPU
 #   sampler, the gather from GPU memory and the training step, each alone and then together in
@@ -210,8 +210,8 @@ case "$what" in
     # together, per precision (tools/step_floor_probe.py; docs/pipeline.md)
     # (one process: the data set is loaded to the GPU once for every precision)
     papers_data_once
-    timeout 300 python3 tools/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
-      --precision "${PROBE_PRECISIONS:-fp32,tf32,bf16}" --layers pyg,builtin --sampler-waits default,fewer \
+    timeout "${PROBE_LIMIT:-300}" python3 tools/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
+      --batches "${PROBE_BATCHES:-200}" --precision "${PROBE_PRECISIONS:-fp32,tf32,bf16}" --layers pyg,builtin --sampler-waits default,fewer \
       --loader-priority normal,high \
       --no-progress \
       --out "$OUT/floor_probe_papers100M-like.json" \
