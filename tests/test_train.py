@@ -277,6 +277,51 @@ class TestTrain(TestCase):
         with self.assertRaisesRegex(ValueError, "unknown model"):
             train.make_layer("gcn", 8, 8, False, use_pyg=False)
 
+    def _check_builtin_sage_is_mean_aggregation(self, device):
+        # W_l mean_{u in N(v)} x_u + W_r x_v, a target without neighbours aggregating zeros;
+        # x_u repeated in N(v) counts as often as it is drawn
+        torch.manual_seed(0)
+        layer = train.SAGELayer(3, 2).to(device)
+        x = torch.randn(6, 3, device=device)
+        edge_index = torch.tensor([[3, 4, 4, 5, 2], [0, 0, 1, 1, 1]], device=device)
+        out = layer(x, edge_index, (6, 3))
+        mean = torch.stack([(x[3] + x[4]) / 2, (x[4] + x[5] + x[2]) / 3, torch.zeros(3, device=device)])
+        self.assertEqual(out, layer.lin_l(mean) + layer.lin_r(x[:3]))
+
+    def test_builtin_sage_is_mean_aggregation(self):
+        self._check_builtin_sage_is_mean_aggregation("cpu")
+
+    @requires_gpu
+    def test_builtin_sage_is_mean_aggregation_on_gpu(self):
+        self._check_builtin_sage_is_mean_aggregation("cuda")
+
+    def test_optimizer_is_adam_fused_on_cuda_only(self):
+        model = torch.nn.Linear(4, 2)
+        opt = train.make_optimizer(model, 0.01)
+        self.assertIsInstance(opt, torch.optim.Adam)
+        self.assertFalse(opt.defaults["fused"])
+        self.assertEqual(opt.defaults["lr"], 0.01)
+        frozen = torch.nn.Linear(4, 2)
+        frozen.bias.requires_grad_(False)
+        self.assertEqual(len(train.make_optimizer(frozen, 0.01).param_groups[0]["params"]), 1)
+
+    @requires_gpu
+    def test_fused_adam_steps_as_the_default_one(self):
+        torch.manual_seed(0)
+        fused_model = torch.nn.Linear(8, 4).cuda()
+        plain_model = torch.nn.Linear(8, 4).cuda()
+        plain_model.load_state_dict(fused_model.state_dict())
+        fused, plain = train.make_optimizer(fused_model, 0.01), torch.optim.Adam(plain_model.parameters(), lr=0.01)
+        self.assertTrue(fused.defaults["fused"])
+        x = torch.randn(16, 8, device="cuda")
+        for _ in range(3):
+            for m, o in ((fused_model, fused), (plain_model, plain)):
+                o.zero_grad()
+                m(x).square().sum().backward()
+                o.step()
+        for a, b in zip(fused_model.parameters(), plain_model.parameters()):
+            self.assertEqual(a, b, atol=1e-5, rtol=1e-5)
+
     @unittest.skipUnless(HAS_PYG, "torch_geometric is not installed")
     def test_pyg_models_train(self):
         for model in train.MODELS:

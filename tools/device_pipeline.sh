@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
 # extension: the end-to-end pipeline figures of issue 5, in one call.
 #
-#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-all|papers-all-ahead|floor-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
+#   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|floor-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -39,12 +39,15 @@
 #   gathers let go of the GIL). One call each: reordering copies the 36 GB table.
 # - papers-cache: papers100M-like, CSR on the GPU, unified with an 8 GiB cache (ranked by access
 #   frequency; runs before this step ranked it by row length), alone and with --reorder frequency
-#   --merge-gathers, 12 hybrid threads and --sample-ahead.
+#   --merge-gathers, 12 hybrid threads and --sample-ahead (PAPERS_CACHE_ALONE=0: only the latter).
+# - papers-gpu-resident: papers100M-like, CSR on the GPU, gpu_resident alone (the floor of every
+#   feature path).
 # - products-cache: products-like, CSR on the GPU: gpu_resident, then unified with --reorder frequency
 #   --sample-ahead and a GPU cache of the hottest rows of each budget in CACHE_MB_LIST (MiB, default
 #   0 128 256 512; the table is 0.98 GB).
 # - floor-probe: tools/step_floor_probe.py on papers100M-like, CSR on the GPU, per precision
-#   (PROBE_PRECISIONS, default fp32,tf32,bf16; PROBE_BATCHES per part, default 200; PROBE_LIMIT s), layer implementation (PyG's, built-in) and the
+#   (PROBE_PRECISIONS, default fp32,tf32,bf16; PROBE_BATCHES per part, default 200; PROBE_LIMIT s; PROBE_LAYERS, PROBE_WAITS,
+#   PROBE_PRIORITIES narrow the other three), layer implementation (PyG's, built-in) and the
 #   sampler's host waits (TORCH_DIRECT_SAMPLER_WAITS default and fewer) and the loader's stream
 #   priority (normal, high): the GPU
 #   sampler, the gather from GPU memory and the training step, each alone and then together in
@@ -200,19 +203,23 @@ case "$what" in
   papers-cache)  # the 8 GiB cache ranked by access frequency (earlier runs ranked it by row length: 30%
     # of lookups hit, its share of the rows), alone and with every lever, the hybrid and sampling ahead
     papers_data_once
-    bench papers100M-like_graph-gpu_cache8g 170 --dataset papers100M-like --epochs 2 --pipelines unified \
-      --graph gpu --cache-mb 8192 --test-nodes 100000
+    [ "${PAPERS_CACHE_ALONE:-1}" = 1 ] && bench papers100M-like_graph-gpu_cache8g 170 --dataset papers100M-like \
+      --epochs 2 --pipelines unified --graph gpu --cache-mb 8192 --test-nodes 100000
     bench papers100M-like_graph-gpu_all-levers-freq_hybrid12_sample-ahead 200 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --reorder frequency --merge-gathers --cache-mb 8192 \
       --gather-cpu-threads 12 --sample-ahead --test-nodes 100000 ;;
   papers-data) papers_data_once ;;
+  papers-gpu-resident)  # the floor without host reads (the features fit the H200)
+    papers_data_once
+    bench papers100M-like_graph-gpu_gpu-resident 150 --dataset papers100M-like --epochs 2 \
+      --pipelines gpu_resident --graph gpu --test-nodes 100000 ;;
   floor-probe)  # what sets gpu_resident's epoch on papers100M-like: sampler, gather and step alone and
     # together, per precision (tools/step_floor_probe.py; docs/pipeline.md)
     # (one process: the data set is loaded to the GPU once for every precision)
     papers_data_once
     timeout "${PROBE_LIMIT:-300}" python3 tools/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
-      --batches "${PROBE_BATCHES:-200}" --precision "${PROBE_PRECISIONS:-fp32,tf32,bf16}" --layers pyg,builtin --sampler-waits default,fewer \
-      --loader-priority normal,high \
+      --batches "${PROBE_BATCHES:-200}" --precision "${PROBE_PRECISIONS:-fp32,tf32,bf16}" --layers "${PROBE_LAYERS:-pyg,builtin}" \
+      --sampler-waits "${PROBE_WAITS:-default,fewer}" --loader-priority "${PROBE_PRIORITIES:-normal,high}" \
       --no-progress \
       --out "$OUT/floor_probe_papers100M-like.json" \
       > "$OUT/floor_probe.log" 2>&1
@@ -243,5 +250,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-all, papers-all-ahead, floor-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, floor-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
 esac

@@ -40,7 +40,7 @@ from torch_direct.graph._progress import progress  # noqa: E402
 from torch_direct.pipeline.features import make_feature_store  # noqa: E402
 from torch_direct.pipeline.loader import STREAM_PRIORITIES, PipelinedLoader  # noqa: E402
 from torch_direct.pipeline.train import (GNN, PRECISIONS, _fanouts, _resolve_device, check_precision,  # noqa: E402
-                                         graph_to_gpu, model_precision)
+                                         graph_to_gpu, make_optimizer, model_precision)
 
 
 def parse(argv=None):
@@ -111,7 +111,7 @@ def measure(precision, layers, priority, ds, device, sampler, store, labels, bat
     use_pyg = {"auto": None, "pyg": True, "builtin": False}[layers]
     model = GNN(a.model, ds.num_features, a.hidden, ds.num_classes, len(a.fanouts), use_pyg=use_pyg,
                 precision=precision).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt = make_optimizer(model, 3e-3)
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
     on_side = (lambda: torch.cuda.stream(side)) if side is not None else nullcontext  # noqa: E731
 

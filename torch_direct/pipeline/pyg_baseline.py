@@ -126,7 +126,7 @@ def run(args, make_loader=None) -> dict:
     ``train.run``'s. ``make_loader`` replaces :func:`neighbor_loader` (tests)."""
     from ..graph._progress import progress
     from .train import (GNN, _StepTimer, _resolve_device, _sync, check_precision, correct_count,
-                        full_test_accuracy, have_pyg, load_for_run, model_precision, test_ids)
+                        full_test_accuracy, have_pyg, load_for_run, make_optimizer, model_precision, test_ids)
 
     make_loader = make_loader or neighbor_loader
     if make_loader is neighbor_loader:
@@ -164,7 +164,7 @@ def run(args, make_loader=None) -> dict:
     use_pyg = {"auto": None, "pyg": True, "builtin": False}[args.layers]
     model = GNN(args.model, ds.num_features, args.hidden, ds.num_classes, num_layers,
                 dropout=args.dropout, use_pyg=use_pyg, precision=precision).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    opt = make_optimizer(model, args.lr)  # the same optimizer as train.run's
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
               "dataset": repr(ds), "backend": model.backend, "sampler": "pyg", "graph": "cpu", "loader": "NeighborLoader",
               "num_workers": workers, "pin_memory": cuda, "block_mode": None, "reorder": args.reorder,
