@@ -15,7 +15,9 @@ Locality levers: ``--reorder`` relabels the nodes hot ones first, ``--merge-gath
 the features of several batches in one ordered gather, ``--cache-mb`` keeps the hottest rows
 on the GPU. They change where rows are read from, not what is trained (``reorder`` and
 ``merge`` give the same batches, losses and accuracies);
-``python -m torch_direct.bench train-ablation`` times each of them.
+``python -m torch_direct.bench train-ablation`` times each of them. The fastest unified setting
+measured on products-like (one H200, docs/pipeline.md): ``--graph gpu --reorder frequency
+--sample-ahead --cache-mb 512``, within 1.15x of gpu_resident's epoch.
 
 Models: GraphSAGE, GAT and GIN from PyG when torch_geometric is installed; without it a
 built-in GraphSAGE (mean aggregation, plain torch ops) so the command runs anywhere.
