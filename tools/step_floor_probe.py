@@ -39,8 +39,9 @@ from torch_direct.graph import GPUNeighborSampler, load_dataset  # noqa: E402
 from torch_direct.graph._progress import progress  # noqa: E402
 from torch_direct.pipeline.features import make_feature_store  # noqa: E402
 from torch_direct.pipeline.loader import STREAM_PRIORITIES, PipelinedLoader  # noqa: E402
-from torch_direct.pipeline.train import (GNN, PRECISIONS, _fanouts, _resolve_device, check_precision,  # noqa: E402
-                                         graph_to_gpu, make_optimizer, model_precision)
+from torch_direct.pipeline.train import (GNN, LAYERS, MODELS, PRECISIONS, _fanouts, _resolve_device,  # noqa: E402
+                                         check_precision, graph_to_gpu, make_optimizer, model_precision,
+                                         use_pyg_for)
 
 
 def parse(argv=None):
@@ -59,8 +60,8 @@ def parse(argv=None):
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default: %(default)s)")
     p.add_argument("--fanouts", type=_fanouts, default=[15, 10, 5], help="as for train (default: 15,10,5)")
     p.add_argument("--hidden", type=int, default=256, help="hidden width (default: %(default)s)")
-    p.add_argument("--model", choices=("sage", "gat", "gin"), default="sage", help="as for train (default: %(default)s)")
-    p.add_argument("--layers", type=_choices("layers", ("auto", "pyg", "builtin")), default=["auto"],
+    p.add_argument("--model", choices=MODELS, default="sage", help="as for train (default: %(default)s)")
+    p.add_argument("--layers", type=_choices("layers", LAYERS), default=["auto"],
                    help="comma-separated layer implementations, as for train: pyg = PyG's convs, builtin = the "
                         "plain-torch GraphSAGE (less Python per step); each is measured with each --precision "
                         "(default: auto)")
@@ -108,7 +109,7 @@ def measure(precision, layers, priority, ds, device, sampler, store, labels, bat
     """Milliseconds per batch of each part with a fresh model of ``layers`` in ``precision``."""
     n_batches = len(batches)
     torch.manual_seed(0)
-    use_pyg = {"auto": None, "pyg": True, "builtin": False}[layers]
+    use_pyg = use_pyg_for(layers)
     model = GNN(a.model, ds.num_features, a.hidden, ds.num_classes, len(a.fanouts), use_pyg=use_pyg,
                 precision=precision).to(device)
     opt = make_optimizer(model, 3e-3)

@@ -126,7 +126,8 @@ def run(args, make_loader=None) -> dict:
     ``train.run``'s. ``make_loader`` replaces :func:`neighbor_loader` (tests)."""
     from ..graph._progress import progress
     from .train import (GNN, _StepTimer, _resolve_device, _sync, check_precision, correct_count,
-                        full_test_accuracy, have_pyg, load_for_run, make_optimizer, model_precision, test_ids)
+                        full_test_accuracy, have_pyg, load_for_run, make_optimizer, model_precision, test_ids,
+                        use_pyg_for)
 
     make_loader = make_loader or neighbor_loader
     if make_loader is neighbor_loader:
@@ -161,7 +162,7 @@ def run(args, make_loader=None) -> dict:
                                generator=torch.Generator().manual_seed(args.seed), **loader_kw)
     valid_loader = make_loader(data, ds.split["valid"], eval_fanouts, args.eval_batch_size, shuffle=False,
                                **loader_kw)
-    use_pyg = {"auto": None, "pyg": True, "builtin": False}[args.layers]
+    use_pyg = use_pyg_for(args.layers)
     model = GNN(args.model, ds.num_features, args.hidden, ds.num_classes, num_layers,
                 dropout=args.dropout, use_pyg=use_pyg, precision=precision).to(device)
     opt = make_optimizer(model, args.lr)  # the same optimizer as train.run's

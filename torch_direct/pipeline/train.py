@@ -42,6 +42,7 @@ from torch import nn
 import torch.nn.functional as F
 
 MODELS = ("sage", "gat", "gin")
+LAYERS = ("auto", "pyg", "builtin")   # --layers: PyG's convs when installed, PyG's, or the built-in SAGE
 PRECISIONS = ("fp32", "tf32", "bf16")
 
 
@@ -91,6 +92,17 @@ class _PyGLayer(nn.Module):
         x_dst = x[:size[1]]
         out = self.conv((x, x_dst), edge_index)
         return out if self.skip is None else out + self.skip(x_dst)
+
+
+def use_pyg_for(layers: str) -> bool | None:
+    """``GNN``'s ``use_pyg`` for a ``--layers`` choice (None: PyG's when installed); ``pyg``
+    without torch_geometric is refused here, before any data is loaded."""
+    if layers not in LAYERS:
+        raise ValueError(f"layers must be one of {', '.join(LAYERS)}, got {layers!r}")
+    use_pyg = {"auto": None, "pyg": True, "builtin": False}[layers]
+    if use_pyg and not have_pyg():
+        raise ValueError("--layers pyg: torch_geometric is not installed (pip install torch_geometric)")
+    return use_pyg
 
 
 def make_layer(model: str, in_dim: int, out_dim: int, last: bool, use_pyg: bool) -> nn.Module:
@@ -240,7 +252,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=MODELS, default="sage",
                    help="GraphSAGE, GAT or GIN; PyG's layers when torch_geometric is installed, else a "
                         "built-in GraphSAGE (sage only) (default: %(default)s)")
-    p.add_argument("--layers", choices=("auto", "pyg", "builtin"), default="auto",
+    p.add_argument("--layers", choices=LAYERS, default="auto",
                    help="layer implementation: pyg = torch_geometric's convs, builtin = the plain-torch "
                         "GraphSAGE (sage only; fast on a CPU), auto = pyg when installed (default: %(default)s)")
     p.add_argument("--pipeline", choices=KINDS, default="unified",
@@ -676,9 +688,7 @@ def _run(args, ctx) -> dict:
         make_sampler(f, seed), store, ids, args.eval_batch_size, labels=labels, device=device,
         prefetch=args.prefetch, shuffle=False, merge_gathers=merge, shard=shard,
         sample_ahead=args.sample_ahead, stream_priority=args.loader_priority)
-    use_pyg = {"auto": None, "pyg": True, "builtin": False}[args.layers]
-    if use_pyg and not have_pyg():
-        raise ValueError("--layers pyg: torch_geometric is not installed (pip install torch_geometric)")
+    use_pyg = use_pyg_for(args.layers)
     model = GNN(args.model, ds.num_features, args.hidden, ds.num_classes, len(args.fanouts),
                 dropout=args.dropout, use_pyg=use_pyg, precision=args.precision).to(device)
     step_model = model
