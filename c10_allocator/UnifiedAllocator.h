@@ -13,6 +13,8 @@
 // * A block used by work on a CUDA stream is not reused or released until
 //   that work has finished (events recorded when the block is freed).
 
+#include "Export.h"
+
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/DispatchKey.h>
@@ -41,7 +43,7 @@ inline c10::Device unified_device() {
 
 struct Block;
 
-class UnifiedAllocator final : public c10::Allocator {
+class TORCH_DIRECT_ALLOCATOR_API UnifiedAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override;
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -95,7 +97,7 @@ class UnifiedAllocator final : public c10::Allocator {
   void process_pending_locked();
 };
 
-UnifiedAllocator* get_allocator();
+TORCH_DIRECT_ALLOCATOR_API UnifiedAllocator* get_allocator();
 
 // Sizes at or below this come from cached power-of-two classes.
 constexpr size_t kSmallBlockLimit = size_t(1) << 20;

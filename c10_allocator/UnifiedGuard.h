@@ -4,11 +4,13 @@
 // GPU work that reads unified tensors is ordered on the CUDA streams of the
 // operands' CUDA device (placement rule R1/R3), not here.
 
+#include "Export.h"
+
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 namespace c10::unified {
 
-struct UnifiedGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+struct TORCH_DIRECT_ALLOCATOR_API UnifiedGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   UnifiedGuardImpl() = default;
   c10::DeviceType type() const override;
   c10::Device exchangeDevice(c10::Device d) const override;
