@@ -203,6 +203,67 @@ class TestVerify(TestCase):
                          {merge.op_name(a["func"]): a["dispatch"]["Unified"] for a in additions})
 
 
+    def test_export_check_names_symbols_hidden_in_the_library(self):
+        # what left the first fork build unlinkable: c10 compiled with hidden
+        # visibility, c10::unified functions called from another library
+        verify = load_script("verify")
+        lib_src = ("namespace c10::unified {\n"
+                   "%s int shown();\n int hidden_one();\n"
+                   "int shown() { return 1; }\n int hidden_one() { return 2; }\n}\n")
+        user_src = ("namespace c10::unified { int shown(); int hidden_one(); }\n"
+                    "namespace other { int g() { return 0; } }\n"
+                    "int use() { return c10::unified::shown() + c10::unified::hidden_one() + other::g(); }\n")
+        with tempfile.TemporaryDirectory() as d:
+            d = Path(d)
+            (d / "lib.cpp").write_text(lib_src % '__attribute__((visibility("default")))')
+            (d / "user.cpp").write_text(user_src)
+            subprocess.run(["g++", "-shared", "-fPIC", "-fvisibility=hidden", str(d / "lib.cpp"),
+                            "-o", str(d / "lib.so")], check=True)
+            subprocess.run(["g++", "-c", "-fPIC", str(d / "user.cpp"), "-o", str(d / "user.o")], check=True)
+            self.assertEqual(verify.unexported(d / "lib.so", [d / "user.o"]),
+                             (2, ["c10::unified::hidden_one()"]))
+            # default visibility: everything exported, nothing reported
+            subprocess.run(["g++", "-shared", "-fPIC", str(d / "lib.cpp"), "-o", str(d / "lib.so")], check=True)
+            self.assertEqual(verify.unexported(d / "lib.so", [d / "user.o"]), (2, []))
+
+
+class TestUpstreamRunner(TestCase):
+    def setUp(self):
+        self.runner = load_script("run_upstream_tests")
+
+    def test_list_is_read_as_files_and_deselected_ids(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "list.txt"
+            p.write_text("# header\ntest_a.py\n\ntest_b.py  # why\n- test_a.py::T::t  # reason\n")
+            self.assertEqual(self.runner.read_list(p), (["test_a.py", "test_b.py"], ["test_a.py::T::t"]))
+
+    def test_sample_is_spread_and_deterministic(self):
+        ids = [f"t{i}" for i in range(10)]
+        self.assertEqual(self.runner.spread(ids, 3), ["t0", "t3", "t6"])
+        self.assertEqual(self.runner.spread(ids, 0), ids)
+        self.assertEqual(self.runner.spread(ids, 50), ids)
+
+    def test_compare_lists_what_passes_on_the_second_and_fails_on_the_first(self):
+        def rec(label, passed, failed):
+            return {"label": label, "files": {"test_x.py": {
+                "selected": 3, "passed": len(passed), "failed": len(failed), "skipped": 0, "error": 0,
+                "not_run": 3 - len(passed) - len(failed), "timed_out": False,
+                "passed_ids": passed, "failed_ids": failed}}}
+        out = self.runner.compare(rec("fork", ["a"], ["b", "c"]), rec("stock", ["a", "b"], ["c"]))
+        self.assertEqual(out["regressions"], 1)
+        self.assertEqual(out["files"]["test_x.py"]["pass_on_second_fail_on_first"], ["b"])
+        self.assertEqual(out["files"]["test_x.py"]["ran_on_both"], 3)
+
+    def test_bad_arguments_are_refused_before_any_work(self):
+        for args, msg in ((["--wheel", "/nonexistent.whl", "--label", "x"], "not a wheel file"),
+                          (["--label", "x"], "--wheel and --label are required"),
+                          (["--compare", "/nonexistent1", "/nonexistent2"], "no such file")):
+            r = subprocess.run([sys.executable, str(ROOT / "build_scripts/run_upstream_tests"), *args],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(msg, r.stderr)
+
+
 class TestDocker(TestCase):
     def test_dockerfile_copies_only_what_exists(self):
         check = load_script("check_docker")
