@@ -70,6 +70,54 @@ class TestGatherBench(TestCase):
         self.assertEqual(bench("gather", "--dtypes", "fp8").returncode, 2)
         self.assertIn("gather", bench("--help").stdout)
 
+    def test_sizes_that_measure_nothing_are_refused_naming_the_option(self):
+        for args, option in ((["--table-gb", "0"], "--table-gb"),
+                             (["--row-bytes", "3", "--dtypes", "fp32"], "--row-bytes"),
+                             (["--row-bytes", "6", "--dtypes", "fp16,fp32"], "--row-bytes"),
+                             (["--table-gb", "0.000000001", "--row-bytes", "128"], "--table-gb")):
+            with tempfile.TemporaryDirectory() as d:
+                out = Path(d) / "g.json"
+                r = bench("gather", *args, "--out", str(out))
+                self.assertEqual(r.returncode, 2, (args, r.stderr))
+                self.assertIn(option, r.stderr)
+                self.assertFalse(out.exists(), args)  # refused before any record is written
+
+
+class TestOutputPaths(TestCase):
+    """No benchmark writes into the repository by default, and a path it cannot
+    write is refused before any work."""
+
+    def test_defaults_go_to_the_user_cache(self):
+        import os
+        from unittest import mock
+
+        from torch_direct.bench import common
+        with tempfile.TemporaryDirectory() as d, mock.patch.dict(os.environ, {"XDG_CACHE_HOME": d}):
+            self.assertEqual(common.default_out("gather"), Path(d) / "torch_direct" / "results" / "gather.json")
+            r = bench("gather", "--table-gb", "0.01", "--row-bytes", "128", "--indices", "1000",
+                      "--dtypes", "fp32", "--orders", "random", "--repeats", "1", "--no-progress")
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            self.assertTrue((Path(d) / "torch_direct" / "results" / "gather.json").is_file())
+
+    def test_unwritable_paths_fail_before_work(self):
+        from torch_direct.bench.common import check_writable
+        with tempfile.TemporaryDirectory() as d:
+            a_file = Path(d) / "file"
+            a_file.write_text("x")
+            for path, why in ((Path(d), "is a folder"), (a_file / "out.json", "is not a folder")):
+                with self.assertRaisesRegex(ValueError, f"--out: .*{why}"):
+                    check_writable(path, "--out")
+            self.assertEqual(check_writable(Path(d) / "new" / "deeper" / "o.json", "--out"),
+                             Path(d) / "new" / "deeper" / "o.json")
+            for args in (["gather", "--out", d], ["gather", "--out", str(a_file / "x.json")],
+                         ["gather", "--plot", str(Path(d) / "chart.txt"), "--out", str(Path(d) / "g.json")],
+                         ["train", "--out", d], ["scaling", "--out", str(a_file / "x.json")],
+                         ["train-ablation", "--out", d]):
+                r = bench(*args)
+                self.assertEqual(r.returncode, 2, (args, r.stderr[-500:]))
+                self.assertTrue(r.stderr.strip().splitlines()[-1].count("--") >= 1, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+
 
 if __name__ == "__main__":
     run_tests()

@@ -285,7 +285,8 @@ class TestBenchTrainInput(TestCase):
         args = p.parse_args(["--dataset", "products-like"])
         self.assertEqual(args.epochs, 3)
         self.assertEqual((args.model, args.hidden, args.fanouts, args.batch_size), ("sage", 256, [15, 10, 5], 1024))
-        self.assertEqual(str(bt.out_path(args)), os.path.join("results", "train_products-like.json"))
+        from torch_direct.bench.common import results_dir
+        self.assertEqual(bt.out_path(args), results_dir() / "train_products-like.json")
 
 
 class TestBenchTrainGPU(_Tiny):

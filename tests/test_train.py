@@ -157,6 +157,24 @@ class TestTrain(TestCase):
             self.assertEqual(code, 2, msg=str(bad))
             self.assertIn(msg, err.getvalue())
 
+    def test_bad_paths_are_refused_before_any_data_is_loaded(self):
+        with tempfile.TemporaryDirectory() as d:
+            a_file = os.path.join(d, "file")
+            open(a_file, "w").close()
+            empty_root = os.path.join(d, "never-made")
+            for bad, msg in ((["--json", d], "--json: "), (["--json", os.path.join(a_file, "x.json")], "--json: "),
+                             (["--plot", os.path.join(d, "x.png")], "give a .svg path"),
+                             (["--profile", os.path.join(d, "p.csv")], "--profile: give a .txt"),
+                             (["--root", a_file], "--root: ")):
+                err = io.StringIO()
+                root = [] if "--root" in bad else ["--root", empty_root]
+                with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                    code = main(["train", *root, *FAST, *bad])
+                self.assertEqual(code, 2, msg=str(bad))
+                self.assertIn(msg, err.getvalue())
+                self.assertEqual(err.getvalue().count("\n"), 1, err.getvalue())  # one line
+            self.assertFalse(os.path.exists(empty_root))  # nothing generated for a refused run
+
     def test_test_nodes_is_a_fixed_subset(self):
         test = self.ds.split["test"]
         some = train.test_ids(self.ds, 50, seed=3)

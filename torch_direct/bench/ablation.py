@@ -28,7 +28,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from .common import machine_record, write_json
+from .common import check_writable, default_out, machine_record, write_json
 
 LEVERS = ("reorder", "merge", "cache", "graph")
 CONFIGS = (("baseline", ()), ("reorder", ("reorder",)), ("merge", ("merge",)), ("cache", ("cache",)),
@@ -41,8 +41,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.set_defaults(reorder="frequency", merge_gathers=0, cache_mb=256, graph="gpu", epochs=3)
     ap.add_argument("--configs", default=",".join(c for c, _ in CONFIGS),
                     help="configurations to run, comma-separated, from the default list (default: %(default)s)")
-    ap.add_argument("--out", type=Path, default=Path("results/train_ablation.json"),
-                    help="JSON record (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSON record (default: train_ablation.json in the user's cache, "
+                         "~/.cache/torch_direct/results)")
     ap.add_argument("--verbose", action="store_true", help="show each training run's own output")
 
 
@@ -129,13 +130,14 @@ def print_table(record: dict) -> None:
 
 
 def run(args) -> int:
+    out = Path(args.json) if args.json else (args.out or default_out("train_ablation"))
     try:
+        check_writable(out, "--json" if args.json else "--out")
         record = run_ablation(args)
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as e:
         print(f"train-ablation: error: {e}", file=sys.stderr)
         return 2
     print_table(record)
-    out = Path(args.json) if args.json else args.out
     write_json(out, record)
     print(f"wrote {out}")
     return 0

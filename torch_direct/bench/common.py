@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from .._io import check_writable, default_out, results_dir, write_json  # noqa: F401  (the benchmarks' names)
 
 
 def machine_record() -> dict:
@@ -68,13 +69,6 @@ def print_markdown(header: list[str], rows: list[list]) -> None:
     print("|" + "---|" * len(header))
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
-
-
-def write_json(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)  # never leave a half-written record
 
 
 def progress(it, total: int, label: str):

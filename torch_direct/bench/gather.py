@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .common import machine_record, progress, time_it, write_json
+from .common import check_writable, default_out, machine_record, progress, time_it, write_json
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 ROW_BYTES = (64, 128, 200, 256, 400, 512, 1024, 2048)
@@ -45,8 +45,9 @@ def add_arguments(ap) -> None:
     ap.add_argument("--dtypes", default="fp32,fp16", help="table dtypes (default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=10, help="timed calls per point (default: %(default)s)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls first (default: %(default)s)")
-    ap.add_argument("--out", type=Path, default=Path("results/gather.json"),
-                    help="JSON record to write (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSON record to write (default: gather.json in the user's cache, "
+                         "~/.cache/torch_direct/results)")
     ap.add_argument("--plot", type=Path, default=None,
                     help="PNG to draw (default: the JSON path with .png)")
     ap.add_argument("--seed", type=int, default=0)
@@ -57,6 +58,25 @@ def add_arguments(ap) -> None:
                     help="CPU threads of the hybrid mode and of cpu_centric (default: all cores)")
     ap.add_argument("--no-progress", action="store_true",
                     help="no progress bar (for logs), as in the other benchmarks")
+
+
+def _check_sizes(tables: list[float], rows: list[int], dtypes: list) -> str:
+    """A one-line problem with the sizes asked for, or "" (a point that cannot be
+    measured is refused before any table is made, not skipped in silence)."""
+    if not tables or any(gb <= 0 for gb in tables):
+        return f"--table-gb: sizes must be positive, got {','.join(map(str, tables)) or 'none'}"
+    if not dtypes:
+        return "--dtypes: give at least one of " + ", ".join(DTYPES)
+    for r in rows:
+        for d in dtypes:
+            es = torch.tensor([], dtype=d).element_size()
+            if r % es:
+                return (f"--row-bytes: {r} is not a whole number of {str(d).split('.')[-1]} elements "
+                        f"({es} bytes each)")
+    for gb in tables:
+        if int(gb * 1e9) < max(rows):
+            return f"--table-gb: {gb} GB holds no row of {max(rows)} bytes"
+    return ""
 
 
 METHODS = ("ours", "memcpy", "cpu_centric", "ours_hybrid", "naive_uva", "naive_uva_sorted", "gpu_resident")
@@ -146,6 +166,21 @@ def run(args) -> int:
     if bad or any(r <= 0 for r in rows) or any(c <= 0 for c in counts) or args.repeats <= 0:
         print("gather bench: orders must be random/sorted; sizes and repeats positive", file=sys.stderr)
         return 2
+    problem = _check_sizes(tables, rows, dtypes)
+    if problem:
+        print(f"gather bench: {problem}", file=sys.stderr)
+        return 2
+    args.out = args.out or default_out("gather")
+    plot = args.plot or args.out.with_suffix(".png")
+    try:
+        check_writable(args.out, "--out")
+        check_writable(plot, "--plot")
+        if plot.suffix.lower() not in (".png", ".svg", ".pdf"):
+            raise ValueError(f"--plot: give a .png, .svg or .pdf path (matplotlib writes the format "
+                             f"its suffix names), got {str(plot)!r}")
+    except ValueError as e:
+        print(f"gather bench: {e}", file=sys.stderr)
+        return 2
     gen = torch.Generator().manual_seed(args.seed)
     record = {"benchmark": "gather", "machine": machine_record(), "config": vars(args) | {
         "out": str(args.out), "plot": str(args.plot)}, "points": []}
@@ -212,7 +247,6 @@ def run(args) -> int:
     for t in record["targets"]:
         print(f"target {t['name']}: {t['ratio']:.2f} (want >= {t['want']}) "
               f"{'met' if t['met'] else 'MISSED'} at {t['point']}")
-    plot = args.plot or args.out.with_suffix(".png")
     if draw(record, plot):
         print(f"wrote {args.out} and {plot}")
     else:

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import machine_record, print_markdown, write_json
+from .common import check_writable, default_out, machine_record, print_markdown, write_json
 from .train import _row, exposed_cell
 
 
@@ -70,7 +70,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--nproc", type=_nprocs, default=[1, 2],
                     help="processes (GPUs) per run, comma-separated; the smallest is the baseline (default: 1,2)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="JSON record (default: results/scaling_<dataset>.json)")
+                    help="JSON record (default: scaling_<dataset>.json in the user's cache, "
+                         "~/.cache/torch_direct/results)")
     ap.add_argument("--target-speed", type=_speed_targets, default=_speed_targets(DEFAULT_SPEED_TARGETS),
                     help="target epoch-time ratios to the baseline: M:R,... (at M times its processes, "
                          "<= R x its epoch; checked for each count measured) or one R for the largest count "
@@ -124,7 +125,9 @@ def run_scaling(args) -> dict:
         have = torch.cuda.device_count()
         if max(args.nproc) > have:
             raise ValueError(f"--nproc {max(args.nproc)}: this machine has {have} GPU(s)")
-    out = args.out or Path(f"results/scaling_{args.dataset}.json")
+    out = check_writable(args.out or default_out(f"scaling_{Path(str(args.dataset)).name}"), "--out")
+    if args.plot:
+        check_writable(args.plot, "--plot")
     record = {"benchmark": "scaling", "machine": machine_record(), "device": device.type,
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
               "rows": []}

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from .ablation import _epoch_seconds
-from .common import machine_record, print_markdown, write_json
+from .common import check_writable, default_out, machine_record, print_markdown, write_json
 
 PIPELINES = ("unified", "cpu_centric", "gpu_resident", "pyg")
 # Headline ratios: name -> (numerator pipeline, denominator pipeline) of epoch seconds.
@@ -67,7 +67,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="worker processes of the pyg pipeline's NeighborLoader (default: min(4, CPUs) "
                          "= %(default)s)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="JSON record (default: results/train_<dataset>.json)")
+                    help="JSON record (default: train_<dataset>.json in the user's cache, "
+                         "~/.cache/torch_direct/results)")
     ap.add_argument("--verbose", action="store_true", help="show each training run's own output")
 
 
@@ -90,7 +91,7 @@ def out_path(args) -> Path:
         return Path(args.json)
     if args.out:
         return Path(args.out)
-    return Path("results") / f"train_{re.sub(r'[^A-Za-z0-9_.-]', '_', Path(str(args.dataset)).name)}.json"
+    return default_out(f"train_{re.sub(r'[^A-Za-z0-9_.-]', '_', Path(str(args.dataset)).name)}")
 
 
 def _skip_reason(name: str, device) -> str | None:
@@ -283,6 +284,9 @@ def print_table(record: dict) -> None:
 def run(args) -> int:
     path = out_path(args)
     try:
+        check_writable(path, "--json" if args.json else "--out")
+        if args.plot:
+            check_writable(args.plot, "--plot")
         record = run_bench(args, path)
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as e:
         print(f"train: error: {e}", file=sys.stderr)

@@ -30,7 +30,6 @@ GPU (DistributedDataParallel over NCCL) over one host copy of the data set per n
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -574,10 +573,35 @@ def load_for_run(args, show: bool):
     return ds, reorder_s
 
 
+def check_paths(args) -> None:
+    """Refuse, before any data is made or loaded, a path the run could not use:
+    ``--json``/``--profile``/``--plot`` that cannot be written or name a format
+    the run does not write, a ``--root`` that is not a folder."""
+    from .._io import check_writable
+    if args.json:
+        check_writable(args.json, "--json")
+    if args.profile:
+        check_writable(args.profile, "--profile")
+        if Path(args.profile).suffix.lower() not in (".txt", ".json"):
+            raise ValueError(f"--profile: give a .txt (top operators) or .json (Chrome trace) path, "
+                             f"got {args.profile!r}")
+    if args.plot:
+        check_writable(args.plot, "--plot")
+        if Path(args.plot).suffix.lower() != ".svg":
+            raise ValueError(f"--plot: the run's chart is an SVG; give a .svg path, got {args.plot!r}")
+    if args.root is not None:
+        root = Path(args.root).expanduser()
+        if root.exists() and not root.is_dir():
+            raise ValueError(f"--root: {root} is not a folder")
+        if not root.exists():
+            check_writable(root / "probe", "--root")
+
+
 def run(args) -> dict:
     """Train as ``args`` (the parsed options) say; print per-epoch lines; return the record.
     Under torchrun with several processes: one rank per GPU (``pipeline/distributed.py``)."""
     from . import distributed
+    check_paths(args)
     if not distributed.requested():
         return _run(args, None)
     ctx = distributed.init(args.device)
@@ -792,9 +816,9 @@ def _run(args, ctx) -> dict:
     if not main:
         return record
     if args.json:
+        from .._io import write_json
         path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1) + "\n")
+        write_json(path, record)
         print(f"wrote {path}")
     if args.plot:
         from .plot import write_plot
