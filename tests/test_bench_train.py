@@ -309,11 +309,23 @@ class TestBenchTrainGPU(_Tiny):
             self.assertIsInstance(rec["ratios"][k], float)
             self.assertGreater(rec["ratios"][k], 0)
 
+    def test_gpu_levers_are_refused_on_the_cpu(self):
+        # they act on GPU memory or kernels: a CPU run would ignore them
+        for lever in (["--gather-sms", "4"], ["--gather-cpu-threads", "2"], ["--cache-mb", "8"]):
+            path = os.path.join(self.tmp.name, "refused.json")
+            rc, out, err = bench("--root", self.tmp.name, *FAST, "--device", "cpu", *lever,
+                                 "--pipelines", "unified,cpu_centric", "--out", path)
+            self.assertEqual(rc, 2, err)
+            self.assertIn(f"{lever[0]} ", err)
+            self.assertIn("no effect with --device cpu", err)
+            self.assertFalse(os.path.exists(path))
+
+    @requires_gpu
     def test_gather_sms_only_for_unified(self):
         # --gather-sms caps unified's gather kernel and --gather-cpu-threads makes it hybrid; the
         # other pipelines run as they are and say so.
         path = os.path.join(self.tmp.name, "sms.json")
-        rc, out, err = bench("--root", self.tmp.name, *FAST, "--device", "cpu", "--gather-sms", "4",
+        rc, out, err = bench("--root", self.tmp.name, *FAST, "--device", "cuda", "--gather-sms", "4",
                              "--gather-cpu-threads", "2", "--pipelines", "unified,cpu_centric", "--out", path)
         self.assertEqual(rc, 0, err)
         rows = {r["pipeline"]: r for r in json.load(open(path))["rows"]}

@@ -149,6 +149,9 @@ class TestTrain(TestCase):
                          (["--gather-cpu-threads", "2", "--pipeline", "cpu_centric"],
                           "--gather-cpu-threads applies to --pipeline unified only"),
                          (["--graph", "gpu", "--device", "cpu"], "--graph gpu needs a CUDA device"),
+                         (["--device", "cpu", "--cache-mb", "8"], "--cache-mb caches rows in GPU memory"),
+                         (["--device", "cpu", "--gather-sms", "8"], "no effect with --device cpu"),
+                         (["--device", "cpu", "--gather-cpu-threads", "2"], "no effect with --device cpu"),
                          (["--sample-ahead", "--prefetch", "0"], "--sample-ahead needs --prefetch > 0"),
                          (["--graph", "gpu", "--sampler", "cpu", "--device", "cpu"], "needs a CUDA device")):
             err = io.StringIO()

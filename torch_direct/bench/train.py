@@ -26,7 +26,6 @@ recorded as failed with the error, the others still run, and the exit status is 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import io
@@ -230,6 +229,9 @@ def run_bench(args, path: Path | None = None) -> dict:
         from ..pipeline.plot import check_bench_plot_path
         check_bench_plot_path(args.plot)
     device = train._resolve_device(args.device)
+    if device.type != "cuda":
+        # unified's GPU-only levers (gpu_resident itself is skipped with its reason)
+        train.check_machine(args, device)
     record = {"benchmark": "train", "machine": machine_record(), "device": str(device),
               "torch_threads": args.threads or torch.get_num_threads(),
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},

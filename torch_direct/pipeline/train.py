@@ -573,6 +573,21 @@ def load_for_run(args, show: bool):
     return ds, reorder_s
 
 
+def check_machine(args, device) -> None:
+    """Refuse the options that cannot take effect on ``device`` (one line each):
+    they act on GPU memory or GPU kernels, and a run on the CPU would ignore them.
+    (``--pipeline gpu_resident`` runs on the CPU too: the device's memory is then host memory.)"""
+    if device.type == "cuda":
+        return
+    where = "with --device cpu" if str(getattr(args, "device", "")) == "cpu" else "without a usable CUDA GPU"
+    for option, value, what in (("--cache-mb", args.cache_mb, "caches rows in GPU memory"),
+                                ("--gather-sms", args.gather_sms, "caps the GPU gather kernel's SMs"),
+                                ("--gather-cpu-threads", args.gather_cpu_threads,
+                                 "adds CPU threads to the GPU gather")):
+        if value:
+            raise ValueError(f"{option} {what}: it has no effect {where}")
+
+
 def check_paths(args) -> None:
     """Refuse, before any data is made or loaded, a path the run could not use:
     ``--json``/``--profile``/``--plot`` that cannot be written or name a format
@@ -638,23 +653,16 @@ def _run(args, ctx) -> dict:
         raise ValueError("--sample-ahead needs --prefetch > 0 (the sampling thread runs ahead of the loader's)")
     if args.cache_mb and args.pipeline != "unified":
         raise ValueError("--cache-mb applies to --pipeline unified only")
-    if args.cache_mb and device.type != "cuda":
-        say("train: --cache-mb has no effect without a GPU (there is no GPU memory to cache in)",
-            file=sys.stderr)
     if args.gather_sms and args.pipeline != "unified":
         raise ValueError("--gather-sms applies to --pipeline unified only (its zero-copy gather kernel)")
-    if args.gather_sms and device.type != "cuda":
-        say("train: --gather-sms has no effect without a GPU (the CPU gathers the rows)", file=sys.stderr)
     if args.gather_cpu_threads and args.pipeline != "unified":
         raise ValueError("--gather-cpu-threads applies to --pipeline unified only (its hybrid gather)")
-    if args.gather_cpu_threads and device.type != "cuda":
-        say("train: --gather-cpu-threads has no effect without a GPU (the CPU gathers every row)",
-            file=sys.stderr)
     if graph_on_gpu:
         if device.type != "cuda":
             raise ValueError("--graph gpu needs a CUDA device")
         if args.sampler == "cpu":
             raise ValueError("--graph gpu is read by the GPU sampler; --sampler cpu reads the CSR in host memory")
+    check_machine(args, device)
     if args.pipeline == "gpu_resident" and device.type != "cuda":
         say("train: gpu_resident on the CPU keeps the features in host memory (no GPU here)", file=sys.stderr)
     check_precision(args.precision, device)
