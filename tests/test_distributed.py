@@ -1,4 +1,4 @@
-"""torchrun training with one host copy per node (issue 6): CPU ranks over gloo here, NCCL on GPUs."""
+"""torchrun training with one host copy per node: CPU ranks over gloo here, NCCL on GPUs."""
 
 import contextlib
 import glob

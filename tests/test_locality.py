@@ -1,4 +1,4 @@
-"""Locality levers (issue 5, item 4): node-ID reordering, merged gathers, the ablation."""
+"""Locality levers: node-ID reordering, merged gathers, the ablation."""
 
 import contextlib
 import io

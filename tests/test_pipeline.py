@@ -1,4 +1,4 @@
-"""Feature stores and the pipelined loader (issue 5, items 3 and 5)."""
+"""Feature stores and the pipelined loader."""
 
 import gc
 import tempfile

@@ -1,4 +1,4 @@
-"""python -m torch_direct train (issue 5, item 6)."""
+"""python -m torch_direct train."""
 
 import contextlib
 import io

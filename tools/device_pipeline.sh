@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (device tool) after tools/device_suite.sh has built the
-# extension: the end-to-end pipeline figures of issue 5, in one call.
+# extension: the end-to-end pipeline figures, in one call.
 #
 #   bash tools/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|floor-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
 #
@@ -169,7 +169,7 @@ case "$what" in
     done ;;
   gather-shapes)  # which shape of read kernel reaches stock index_select's rate (docs/gather.md)
     (cd tools && timeout 240 python3 gather_shape_probe.py "$OUT/gather_shape_probe.json") 2>&1 | tee "$OUT/gather_shapes.log" ;;
-  papers-levers)  # the levers on the gather's PCIe time, papers100M-like, CSR on the GPU (issue 5's <= 4 s)
+  papers-levers)  # the levers on the gather's PCIe time, papers100M-like, CSR on the GPU (the <= 4 s target)
     papers_data_once
     [ -n "${LEVERS_BASELINE:-}" ] && bench papers100M-like_graph-gpu 170 --dataset papers100M-like --epochs 2 \
       --pipelines unified --graph gpu --test-nodes 100000
@@ -193,7 +193,7 @@ case "$what" in
       --pipelines unified --graph gpu --gather-cpu-threads 12 --sample-ahead --test-nodes 100000 ;;
   products-cache)  # unified's epoch against the GPU cache's budget, with the levers that helped
     # (reorder by degree, sampling ahead; merged gathers cost time once the cache serves most rows),
-    # beside gpu_resident in the same call (issue 5's 1.15x on products-like; docs/pipeline.md)
+    # beside gpu_resident in the same call (the 1.15x target on products-like; docs/pipeline.md)
     bench products-like_graph-gpu_gpu-resident 60 --dataset products-like --epochs 2 --pipelines gpu_resident \
       --graph gpu --test-nodes 20000
     for mb in ${CACHE_MB_LIST:-0 128 256 512}; do
@@ -224,7 +224,7 @@ case "$what" in
       --out "$OUT/floor_probe_papers100M-like.json" \
       > "$OUT/floor_probe.log" 2>&1
     echo "floor-probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -50 "$OUT/floor_probe.log" ;;
-  papers-all)  # every locality lever on papers100M-like (issue 5's <= 4 s)
+  papers-all)  # every locality lever on papers100M-like (the <= 4 s target)
     papers_data_once
     bench papers100M-like_graph-gpu_all-levers 400 --dataset papers100M-like --epochs 2 --pipelines unified \
       --graph gpu --reorder degree --merge-gathers --cache-mb 8192 --test-nodes 100000 ;;

@@ -1,4 +1,4 @@
-"""train-ablation: the epoch time with each locality lever off and on (issue 5, item 4).
+"""train-ablation: the epoch time with each locality lever off and on.
 
     python -m torch_direct.bench train-ablation --dataset products-like --pipeline unified \\
         --reorder frequency --merge-gathers --cache-mb 1024 --epochs 3 --out results/train_ablation.json

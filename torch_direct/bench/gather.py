@@ -259,7 +259,7 @@ def run(args) -> int:
 
 
 def targets(record: dict) -> list[dict]:
-    """The gather issue's targets, each at its worst point in this run."""
+    """The gather's targets, each at its worst point in this run."""
     def worst(name, want, select, ratio):
         pts = [p for p in record["points"] if select(p)]
         if not pts:

@@ -1,4 +1,4 @@
-"""scaling: epoch time and host memory of one training job on 1 and N GPUs (issue 6).
+"""scaling: epoch time and host memory of one training job on 1 and N GPUs.
 
     python -m torch_direct.bench scaling --nproc 1,2 --dataset papers100M-like \\
         --out results/scaling_papers100M-like.json --plot results/scaling_papers100M-like.svg

@@ -178,7 +178,7 @@ def add_ratios(record: dict) -> None:
                         if a in ran and b in ran}
 
 
-# The issue's targets on the H200 (GraphSAGE, 3 layers, hidden 256, fanouts 15,10,5, batch 1024):
+# The project's targets on the H200 (GraphSAGE, 3 layers, hidden 256, fanouts 15,10,5, batch 1024):
 # epoch ratios on products-like, the papers100M-like epoch, and the accuracy checks anywhere.
 SPEED_TARGETS = (("unified_vs_cpu_centric", ">=", 1.6), ("unified_vs_pyg", ">=", 3.0),
                  ("gpu_resident_vs_unified", "<=", 1.15))
@@ -188,7 +188,7 @@ ACC_POINTS = 0.01   # "within noise" / "within one point": one accuracy point
 
 def add_targets(record: dict) -> None:
     """``record["targets"]``: each target that this run can check, with its value and whether it
-    is met. Speed targets are the issue's for products-like (and the epoch for papers100M-like);
+    is met. Speed targets are set on products-like (and the epoch for papers100M-like);
     the accuracy ones hold on any data set."""
     targets = []
     dataset = str(record["args"].get("dataset"))
@@ -196,7 +196,7 @@ def add_targets(record: dict) -> None:
         v = record["ratios"].get(key)
         if v is not None:
             met = v >= want if op == ">=" else v <= want
-            targets.append({"name": f"{key} ({dataset}; the issue's is on products-like)", "value": v,
+            targets.append({"name": f"{key} ({dataset}; the target is set on products-like)", "value": v,
                             "want": f"{op} {want}", "met": met})
     ran = [r for r in record["rows"] if r["status"] == "ok"]
     unified = next((r for r in ran if r["pipeline"] == "unified"), None)
