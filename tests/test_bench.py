@@ -99,6 +99,19 @@ class TestOutputPaths(TestCase):
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             self.assertTrue((Path(d) / "torch_direct" / "results" / "gather.json").is_file())
 
+    def test_a_plot_asked_for_without_matplotlib_is_refused_first(self):
+        import os
+        with tempfile.TemporaryDirectory() as d:
+            stub = Path(d) / "stub" / "matplotlib"
+            stub.mkdir(parents=True)
+            (stub / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub.parent), os.environ.get("PYTHONPATH", "")]))
+            r = subprocess.run([sys.executable, "-m", "torch_direct.bench", "gather", "--plot", str(Path(d) / "c.png"),
+                                "--out", str(Path(d) / "g.json")], capture_output=True, text=True, timeout=600, env=env)
+            self.assertEqual(r.returncode, 2, r.stderr[-500:])
+            self.assertIn("--plot: the gather chart needs matplotlib", r.stderr)
+            self.assertFalse((Path(d) / "g.json").exists())
+
     def test_unwritable_paths_fail_before_work(self):
         from torch_direct.bench.common import check_writable
         with tempfile.TemporaryDirectory() as d:

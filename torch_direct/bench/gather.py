@@ -49,7 +49,8 @@ def add_arguments(ap) -> None:
                     help="JSON record to write (default: gather.json in the user's cache, "
                          "~/.cache/torch_direct/results)")
     ap.add_argument("--plot", type=Path, default=None,
-                    help="PNG to draw (default: the JSON path with .png)")
+                    help="chart to draw, .png/.svg/.pdf, with matplotlib (default: the JSON path with .png "
+                         "when matplotlib is installed)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", default=None,
                     help="comma-separated methods to time beside ours (default: all of "
@@ -178,6 +179,11 @@ def run(args) -> int:
         if plot.suffix.lower() not in (".png", ".svg", ".pdf"):
             raise ValueError(f"--plot: give a .png, .svg or .pdf path (matplotlib writes the format "
                              f"its suffix names), got {str(plot)!r}")
+        if args.plot:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise ValueError("--plot: the gather chart needs matplotlib (pip install matplotlib)") from None
     except ValueError as e:
         print(f"gather bench: {e}", file=sys.stderr)
         return 2
