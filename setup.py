@@ -119,7 +119,10 @@ setup(
     packages=find_packages(include=["torch_direct", "torch_direct.*"]),
     python_requires=">=3.9",
     install_requires=["torch>=2.5", "pyyaml"],
-    extras_require={"test": ["pytest", "expecttest", "numpy"]},
+    # gnn: PyG's layers and the charts; the PyG baseline's NeighborLoader also needs a sampler
+    # backend (pyg-lib, or torch-sparse), which is built per torch and CUDA release (README).
+    extras_require={"test": ["pytest", "expecttest", "numpy"],
+                    "gnn": ["torch_geometric", "numpy", "matplotlib"]},
     ext_modules=[] if native_unified() else [extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )
