@@ -15,6 +15,11 @@ mirror_from_apt() {
   return 1
 }
 
+# sha256_ok FILE SHA256: FILE exists and has that digest.
+sha256_ok() {
+  [ -f "$1" ] && echo "$2  $1" | sha256sum -c --quiet - >/dev/null 2>&1
+}
+
 # private_apt DIR SUITE: write DIR's deb-src entry for SUITE, fetch its index
 # (once), and set the array APT_OPTS for apt-get.
 private_apt() {

@@ -13,16 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "build_scripts"))
 import merge_native_functions as merge  # noqa: E402
 
-import importlib.machinery  # noqa: E402
-import importlib.util  # noqa: E402
-
-
-def load_script(name):
-    loader = importlib.machinery.SourceFileLoader(name, str(ROOT / "build_scripts" / name))
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+from scriptmod import load as load_script  # noqa: E402
 
 ATEN = """\
 # comment kept
