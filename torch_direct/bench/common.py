@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .._io import check_writable, default_out, results_dir, write_json  # noqa: F401  (the benchmarks' names)
-
-
-def machine_record() -> dict:
-    rec = {
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-    }
-    try:
-        with open("/proc/meminfo") as f:
-            rec["mem_total_kb"] = int(f.readline().split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return rec
+from .._io import check_writable, default_out, machine_record, results_dir, write_json  # noqa: F401  (the benchmarks' names)
 
 
 def time_it(fn: Callable[[], object], repeats: int, warmup: int, gpu: bool) -> dict:
