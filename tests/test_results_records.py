@@ -1,7 +1,11 @@
-"""New records get their provenance (commit, machine, command) from the package's one JSON writer,
-which writes atomically."""
+"""The committed records under results/: each says what produced it (provenance), each backs a
+figure the README or docs/ cite, the README's figures table is what the records give, and new
+records get their provenance from the package's one JSON writer."""
 
+import fnmatch
 import json
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,6 +16,137 @@ from unittest import mock
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 from torch_direct import _io
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "results"
+DOCS = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+FIGURES = REPO / "tools" / "readme_figures.py"
+# Cited as where a command writes its record, which no run has committed yet.
+WRITTEN_BY_A_COMMAND = {"results/fork_cpu_wheel.json": REPO / "build_scripts" / "record_fork_wheel"}
+HEX = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+def figures(*args):
+    return subprocess.run([sys.executable, str(FIGURES), *args], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+
+
+def citations(text):
+    """The results/ paths a text cites, each as a list of glob patterns: ``a.json/.png`` cites
+    a.json and a.png, ``{x,y}`` both, ``*`` any."""
+    out = {}
+    for token in re.findall(r"results/[A-Za-z0-9_.{},*+/-]*[A-Za-z0-9_*}]", text):
+        first, *alternates = token.split("/.")
+        patterns = [first]
+        stem = first.rsplit(".", 1)[0]
+        patterns += [f"{stem}.{ext}" for ext in alternates]
+        expanded = []
+        for p in patterns:
+            m = re.search(r"\{([^}]*)\}", p)
+            expanded += [p[:m.start()] + alt + p[m.end():] for alt in m.group(1).split(",")] if m else [p]
+        out[token] = expanded
+    return out
+
+
+def cited_tokens():
+    found = {}
+    for doc in DOCS:
+        for token, patterns in citations(doc.read_text()).items():
+            found.setdefault(token, (doc.relative_to(REPO), patterns))
+    return found
+
+
+class TestRecords(TestCase):
+    def test_every_record_says_what_produced_it(self):
+        records = sorted(RESULTS.glob("*.json"))
+        self.assertGreater(len(records), 10)
+        for path in records:
+            with self.subTest(record=path.name):
+                rec = json.loads(path.read_text())
+                prov = rec.get("provenance")
+                self.assertIsInstance(prov, dict, "no provenance object")
+                self.assertLessEqual({"commit", "machine", "command"}, set(prov))
+                self.assertRegex(prov["commit"] or "", HEX)
+                self.assertIsInstance(prov["machine"], dict)
+                self.assertTrue(prov["machine"])
+                if prov["command"] is None:  # only with the reason it is not known
+                    self.assertTrue(prov.get("command_note"))
+                else:
+                    self.assertIsInstance(prov["command"], str)
+
+    def test_readme_figures_table_is_what_the_records_give(self):
+        r = figures("--check")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_every_record_is_cited_and_every_citation_exists(self):
+        cited = cited_tokens()
+        self.assertIn("results/train_products-like.json", cited)  # the scan finds what it should
+        files = sorted(p.name for p in RESULTS.iterdir() if not p.name.startswith("."))
+        matched = set()
+        for token, (doc, patterns) in cited.items():
+            if token in WRITTEN_BY_A_COMMAND:
+                script = WRITTEN_BY_A_COMMAND[token]
+                self.assertIn(token.split("/", 1)[1], script.read_text(), f"{doc} cites {token} as {script}'s")
+                continue
+            for p in patterns:
+                hits = fnmatch.filter(files, p[len("results/"):])
+                self.assertTrue(hits, f"{doc} cites {p}, which is not in results/")
+                matched.update(hits)
+        orphans = [f for f in files if f not in matched]
+        self.assertEqual(orphans, [], "in results/ but cited by neither README.md nor docs/*.md")
+
+    def test_citation_forms(self):
+        self.assertEqual(citations("`results/a.json/.png`, results/b-{x,y}_*.json).")["results/a.json/.png"],
+                         ["results/a.json", "results/a.png"])
+        self.assertEqual(citations("(results/b-{x,y}_*.json)")["results/b-{x,y}_*.json"],
+                         ["results/b-x_*.json", "results/b-y_*.json"])
+        self.assertEqual(list(citations("in `results/`, then")), [])
+
+
+class TestFiguresCheck(TestCase):
+    def copy(self, d):
+        readme = Path(d) / "README.md"
+        shutil.copy(REPO / "README.md", readme)
+        return readme
+
+    def test_check_fails_when_the_table_is_altered_and_a_rewrite_mends_it(self):
+        original = (REPO / "README.md").read_text()
+        begin, end = original.index("<!-- figures:begin -->"), original.index("<!-- figures:end -->")
+        self.assertIn("| 1.81 s / 4.22 s", original[begin:end])
+        with tempfile.TemporaryDirectory() as d:
+            readme = self.copy(d)
+            readme.write_text(original[:begin] + original[begin:end].replace("| 1.81 s / 4.22 s", "| 1.71 s / 4.22 s")
+                              + original[end:])
+            r = figures("--check", "--readme", str(readme))
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertEqual(len(r.stdout.strip().splitlines()), 1, r.stdout)
+            self.assertIn("1.71 s", r.stdout)
+            self.assertIn("1.81 s", r.stdout)
+            r = figures("--readme", str(readme))
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertEqual(readme.read_text(), original)
+            self.assertEqual(sorted(p.name for p in Path(d).iterdir()), ["README.md"])  # no temporary left
+            self.assertEqual(figures("--check", "--readme", str(readme)).returncode, 0)
+
+    def test_a_dropped_row_and_missing_markers_are_errors(self):
+        original = (REPO / "README.md").read_text()
+        with tempfile.TemporaryDirectory() as d:
+            readme = self.copy(d)
+            lines = original.split("\n")
+            end = lines.index("<!-- figures:end -->")
+            readme.write_text("\n".join(lines[:end - 1] + lines[end:]))
+            r = figures("--check", "--readme", str(readme))
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            readme.write_text(original.replace("<!-- figures:end -->", ""))
+            r = figures("--check", "--readme", str(readme))
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("figures:end", r.stderr)
+
+    def test_help(self):
+        r = figures("--help")
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("--check", r.stdout)
+        self.assertIn("figures:begin", r.stdout)
 
 
 class TestWriteJson(TestCase):
@@ -98,7 +233,6 @@ class TestWriteJson(TestCase):
         with mock.patch.dict(sys.modules, {"__main__": script}), \
                 mock.patch.object(sys, "argv", ["tools/probe.py", "--n", "3"]):
             self.assertEqual(_io.command_line(), "python tools/probe.py --n 3")
-
 
 
 if __name__ == "__main__":

@@ -1,0 +1,200 @@
+"""The README's table of measured figures, rebuilt from the records under results/.
+
+Each row of the table between the README's `<!-- figures:begin -->` and
+`<!-- figures:end -->` lines says what was measured, the figure(s) as the
+records give them, rounded as the README shows them, and the records they come
+from with the commit of the code that ran (each record's `provenance`).
+
+    python tools/readme_figures.py            # rewrite that part of README.md (nothing else)
+    python tools/readme_figures.py --check    # exit 1, with one line, when README.md differs
+
+A new measurement that replaces a figure: commit its record under results/ (the
+benchmarks write `provenance` themselves), point the row below at it, and run
+this without --check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
+
+
+def epoch(rec: dict, which) -> float:
+    """A record's epoch time (s): the row of pipeline ``which`` (bench train) or of ``which``
+    processes (bench scaling)."""
+    for row in rec["rows"]:
+        if row.get("pipeline") == which or row.get("nproc") == which:
+            return row["epoch_s"]
+    raise KeyError(f"no row {which!r}")
+
+
+def s(x: float, digits: int) -> str:
+    return f"{x:.{digits}f} s"
+
+
+def x(r: float, digits: int) -> str:
+    return f"{r:.{digits}f}x"
+
+
+def span(values, digits: int, unit: str) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.{digits}f}-{hi:.{digits}f}{unit}"
+
+
+PRODUCTS = "train_products-like.json"
+TARGETS = "train_products-like_targets-6393fa1.json"
+CACHE_CALLS = [  # (gpu_resident record, unified with the 512 MiB cache), one call each
+    ("train_products-like_cache-51400ab_gpu-resident.json",
+     "train_products-like_cache-51400ab_reorder-freq_sample-ahead_cache512.json"),
+    ("train_products-like_cache-6393fa1_run1_gpu-resident.json",
+     "train_products-like_cache-6393fa1_run1_reorder-freq_sample-ahead_cache512.json"),
+    ("train_products-like_cache-6393fa1_run2_gpu-resident.json",
+     "train_products-like_cache-6393fa1_run2_reorder-freq_sample-ahead_cache512.json"),
+]
+PAPERS_LEVERS = ["train_papers100M-like_levers-ca012aa_all-levers_hybrid12_sample-ahead.json",
+                 "train_papers100M-like_levers-6393fa1_all-levers-freq_hybrid12_sample-ahead.json"]
+PAPERS_RESIDENT = ["train_papers100M-like_levers-ca012aa_gpu-resident.json",
+                   "train_papers100M-like_levers-6393fa1_gpu-resident_run1.json",
+                   "train_papers100M-like_levers-6393fa1_gpu-resident_run3.json"]
+SCALING, SCALING_GPU = "scaling_papers100M-like.json", "scaling_papers100M-like_graph-gpu.json"
+
+
+def _cache_ratios(r):
+    out = [epoch(r[TARGETS], "unified") / epoch(r[TARGETS], "gpu_resident")]
+    out += [epoch(r[u], "unified") / epoch(r[g], "gpu_resident") for g, u in CACHE_CALLS]
+    return out
+
+
+def _scaling(r):
+    one, two, four = (epoch(r[SCALING], n) for n in (1, 2, 4))
+    return f"{s(one, 1)} / {s(two, 1)} ({x(two / one, 2)}) / {s(four, 1)} ({x(four / one, 2)})"
+
+
+# (what was measured, the records, their figure(s) as the README writes them)
+ROWS = [
+    ("products-like epoch: unified features / CPU-centric / PyG `NeighborLoader` / all-in-GPU",
+     [PRODUCTS],
+     lambda r: " / ".join(s(epoch(r[PRODUCTS], p), d) for p, d in
+                          (("unified", 2), ("cpu_centric", 2), ("pyg", 1), ("gpu_resident", 2)))),
+    ("products-like epoch with a 512 MiB GPU cache of the rows the sampler reads most: unified / "
+     "CPU-centric (unified's speed-up)",
+     [TARGETS],
+     lambda r: f"{s(epoch(r[TARGETS], 'unified'), 2)} / {s(epoch(r[TARGETS], 'cpu_centric'), 2)} "
+               f"({x(epoch(r[TARGETS], 'cpu_centric') / epoch(r[TARGETS], 'unified'), 1)})"),
+    ("the same cache: unified's epoch against all-in-GPU's in the same call (four calls)",
+     [TARGETS] + [n for call in CACHE_CALLS for n in call],
+     lambda r: span(_cache_ratios(r), 2, "x")),
+    ("papers100M-like (111M nodes, 36.7 GB in host memory) epoch, one GPU",
+     ["train_papers100M-like.json"],
+     lambda r: s(epoch(r["train_papers100M-like.json"], "unified"), 1)),
+    ("the same, CSR copied to the GPU",
+     ["train_papers100M-like_levers-9220752_plain.json"],
+     lambda r: s(epoch(r["train_papers100M-like_levers-9220752_plain.json"], "unified"), 2)),
+    ("the same, adding every locality lever, the hybrid gather and sampling ahead",
+     PAPERS_LEVERS,
+     lambda r: span([epoch(r[n], "unified") for n in PAPERS_LEVERS], 2, " s")),
+    ("the same with the features in GPU memory (all-in-GPU)",
+     PAPERS_RESIDENT,
+     lambda r: span([epoch(r[n], "gpu_resident") for n in PAPERS_RESIDENT], 2, " s")),
+    ("papers100M-like on four H200, one scaling run: epoch on 1 / 2 / 4 GPUs (against 1)",
+     [SCALING],
+     _scaling),
+    ("the same run on four GPUs with each rank's CSR on its GPU (against its 1-GPU run)",
+     [SCALING_GPU],
+     lambda r: f"{s(epoch(r[SCALING_GPU], 4), 1)} ({x(epoch(r[SCALING_GPU], 4) / epoch(r[SCALING_GPU], 1), 2)})"),
+]
+
+
+def load(results: Path, names) -> dict:
+    out = {}
+    for name in names:
+        path = results / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: a record the README's figures table needs is missing")
+        out[name] = json.loads(path.read_text())
+    return out
+
+
+def commit_of(rec: dict) -> str:
+    commit = (rec.get("provenance") or {}).get("commit")
+    return commit[:7] if commit else "commit unknown"
+
+
+def table(results: Path) -> list[str]:
+    """The table's lines, from the records in ``results``."""
+    lines = ["| measured (GraphSAGE, H200) | figure | record (commit) |", "|---|---|---|"]
+    for what, names, figure in ROWS:
+        recs = load(results, names)
+        cited = ", ".join(f"`results/{n}` ({commit_of(recs[n])})" for n in names)
+        lines.append(f"| {what} | {figure(recs)} | {cited} |")
+    return lines
+
+
+def split(text: str, path: Path):
+    """README text as (before, table lines, after) around the markers."""
+    lines = text.split("\n")
+    try:
+        b, e = lines.index(BEGIN), lines.index(END)
+    except ValueError:
+        raise ValueError(f"{path}: no {BEGIN} / {END} lines") from None
+    if e < b:
+        raise ValueError(f"{path}: {END} comes before {BEGIN}")
+    return lines[: b + 1], lines[b + 1: e], lines[e:]
+
+
+def first_difference(have: list[str], want: list[str]) -> str:
+    for i, (h, w) in enumerate(zip(have, want)):
+        if h != w:
+            hc, wc = [c.strip() for c in h.split("|")], [c.strip() for c in w.split("|")]
+            if len(hc) == len(wc):
+                for a, b in zip(hc, wc):
+                    if a != b:
+                        return f"table line {i + 1}: README has {a!r}, the records give {b!r}"
+            return f"table line {i + 1}: README has {h!r}, the records give {w!r}"
+    return f"the README's table has {len(have)} lines, the records give {len(want)}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python tools/readme_figures.py", description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true",
+                    help="change nothing; exit 1 with a one-line summary when the README's table differs")
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md", help="the README (default: %(default)s)")
+    ap.add_argument("--results", type=Path, default=ROOT / "results",
+                    help="the folder of records (default: %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        text = args.readme.read_text()
+        before, have, after = split(text, args.readme)
+        want = table(args.results)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"readme_figures: error: {e}", file=sys.stderr)
+        return 2
+    if have == want:
+        if not args.check:
+            print(f"{args.readme}: figures table already as the records give it")
+        return 0
+    if args.check:
+        print(f"readme_figures: {args.readme} differs from {args.results}: {first_difference(have, want)} "
+              f"(python tools/readme_figures.py rewrites it)")
+        return 1
+    tmp = args.readme.with_name(args.readme.name + ".tmp")
+    try:
+        tmp.write_text("\n".join(before + want + after))
+        os.replace(tmp, args.readme)  # never a half-written README
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    print(f"{args.readme}: figures table rewritten from {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
