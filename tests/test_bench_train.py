@@ -14,7 +14,7 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct  # noqa: F401
 from torch_direct.pipeline import pyg_baseline
-from torch_direct.pipeline.train import GNN, have_pyg
+from torch_direct.pipeline.models import GNN, have_pyg
 from common import TinyDatasetCase, requires_gpu
 
 FAST = ["--threads", "1", "--layers", "builtin", "--hidden", "32", "--batch-size", "256", "--no-progress",
@@ -229,6 +229,39 @@ class TestPyGBaseline(_Tiny):
         self.assertEqual([e["loss"] for e in full["epochs"]], [e["loss"] for e in trimmed["epochs"]],
                          atol=1e-5, rtol=1e-5)
         self.assertLessEqual(abs(full["test_acc"] - trimmed["test_acc"]), 2 / 900)
+
+    def test_one_loop_one_exposed_formula(self):
+        # The PyG pipeline runs the training loop of every pipeline: its exposed time is the
+        # epoch less its training steps (never less than the loader wait), split by busy time.
+        rec = self.run_pyg(True)
+        for e in rec["epochs"]:
+            self.assertEqual(set(e["busy_s"]), {"sample", "gather", "transfer"})
+            self.assertEqual(e["busy_s"]["gather"], 0.0)
+            self.assertEqual(e["busy_s"]["sample"], e["loader_wait_s"])
+            expect = max(e["loader_wait_s"], e["total_s"] - e["train_step_s"])
+            self.assertAlmostEqual(sum(e["exposed_s"].values()), expect, places=9)
+            for k, v in e["exposed_s"].items():
+                self.assertAlmostEqual(v, expect * e["busy_s"][k] / sum(e["busy_s"].values()), places=9)
+
+    def test_train_command_runs_the_pyg_pipeline(self):
+        from torch_direct.pipeline import train
+        p = ArgumentParser()
+        train.add_arguments(p)
+        args = p.parse_args(["--root", self.tmp.name, *FAST, "--device", "cpu", "--pipeline", "pyg"])
+        with mock.patch.object(pyg_baseline, "unavailable", lambda: None), \
+                mock.patch.object(pyg_baseline, "neighbor_loader", self.fake_loader(True)), \
+                contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()):
+            rec = train.run(args)
+        self.assertEqual((rec["sampler"], rec["loader"], rec["block_mode"]), ("pyg", "NeighborLoader", "trimmed"))
+        self.assertIn("pipeline pyg (NeighborLoader)", out.getvalue())
+        # Our loaders' options have no counterpart in PyG's: refused before any data is loaded.
+        for extra, option in ((["--merge-gathers", "2"], "--merge-gathers"), (["--sample-ahead"], "--sample-ahead"),
+                              (["--sampler", "cpu"], "--sampler"), (["--loader-priority", "high"], "--loader-priority")):
+            bad = p.parse_args(["--root", os.path.join(self.tmp.name, "never"), *FAST, "--device", "cpu",
+                                "--pipeline", "pyg", *extra])
+            with self.assertRaisesRegex(ValueError, f"{option} does not apply to --pipeline pyg"):
+                train.run(bad)
+            self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "never")))
 
     def test_bench_row_with_a_stand_in_loader(self):
         path = os.path.join(self.tmp.name, "pyg.json")

@@ -15,7 +15,7 @@ from unittest import mock
 
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from torch_direct import _io
+from torch_direct import outputs as _io
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"

@@ -15,7 +15,7 @@ import torch_direct  # noqa: F401
 from common import requires_gpu
 from torch_direct.__main__ import main
 from torch_direct.graph import load_dataset
-from torch_direct.pipeline import train
+from torch_direct.pipeline import batches, evaluation, models, train
 
 try:
     import torch_geometric  # noqa: F401
@@ -180,13 +180,13 @@ class TestTrain(TestCase):
 
     def test_test_nodes_is_a_fixed_subset(self):
         test = self.ds.split["test"]
-        some = train.test_ids(self.ds, 50, seed=3)
+        some = evaluation.test_ids(self.ds, 50, seed=3)
         self.assertEqual(some.numel(), 50)
         self.assertTrue(bool(torch.isin(some, test).all()))
-        self.assertEqual(some, train.test_ids(self.ds, 50, seed=3))       # fixed for a seed
-        self.assertNotEqual(some, train.test_ids(self.ds, 50, seed=4))
-        self.assertEqual(train.test_ids(self.ds, 0), test)                 # 0: the whole split
-        self.assertEqual(train.test_ids(self.ds, test.numel() + 5), test)
+        self.assertEqual(some, evaluation.test_ids(self.ds, 50, seed=3))       # fixed for a seed
+        self.assertNotEqual(some, evaluation.test_ids(self.ds, 50, seed=4))
+        self.assertEqual(evaluation.test_ids(self.ds, 0), test)                 # 0: the whole split
+        self.assertEqual(evaluation.test_ids(self.ds, test.numel() + 5), test)
         rec, out = self.quiet_run("--epochs", "1", "--device", "cpu", "--test-nodes", "50", "--full-eval")
         self.assertEqual(rec["test_nodes"], 50)
         self.assertIn("50 nodes", out)
@@ -200,21 +200,21 @@ class TestTrain(TestCase):
         need = self.ds.graph.rowptr.nbytes + self.ds.graph.col.nbytes
         with mock.patch("torch.cuda.mem_get_info", return_value=(need, 10 * need)), \
                 self.assertRaisesRegex(ValueError, "keep it in host memory \\(--graph unified\\)"):
-            train.graph_to_gpu(self.ds.graph, torch.device("cuda", 0))
+            batches.graph_to_gpu(self.ds.graph, torch.device("cuda", 0))
 
     def small_model(self, layers: int, store_kind: str):
         """A seeded built-in GraphSAGE of ``layers`` layers (eval mode) and a CPU feature store."""
         from torch_direct.pipeline import make_feature_store
         torch.manual_seed(0)
         ds = self.ds
-        model = train.GNN("sage", ds.num_features, 16, ds.num_classes, layers, use_pyg=False).eval()
+        model = models.GNN("sage", ds.num_features, 16, ds.num_classes, layers, use_pyg=False).eval()
         return ds, model, make_feature_store(store_kind, ds.x, "cpu")
 
     def test_layerwise_inference_equals_full_neighbourhood_batches(self):
         from torch_direct.graph import NeighborSampler
         from torch_direct.pipeline import PipelinedLoader
         ds, model, store = self.small_model(2, "unified")
-        logits = train.layerwise_inference(model, ds.graph, store, torch.device("cpu"), chunk=700)
+        logits = evaluation.layerwise_inference(model, ds.graph, store, torch.device("cpu"), chunk=700)
         ids = ds.split["test"][:300]
         with PipelinedLoader(NeighborSampler(ds.graph, [-1, -1]), store, ids, 100, shuffle=False) as ld:
             for b in ld:
@@ -224,14 +224,14 @@ class TestTrain(TestCase):
         # Only the targets' logits: the layers run for the nodes the next layer reads, and give
         # the same numbers as inference over every node.
         ds, model, store = self.small_model(3, "cpu_centric")
-        every = train.layerwise_inference(model, ds.graph, store, torch.device("cpu"), chunk=500)
+        every = evaluation.layerwise_inference(model, ds.graph, store, torch.device("cpu"), chunk=500)
         targets = torch.cat([ds.split["test"][:40].flip(0), ds.split["test"][:5]])  # unsorted, repeats
-        some = train.layerwise_inference(model, ds.graph, store, torch.device("cpu"), chunk=97, targets=targets)
+        some = evaluation.layerwise_inference(model, ds.graph, store, torch.device("cpu"), chunk=97, targets=targets)
         self.assertEqual(some, every[targets], atol=1e-5, rtol=1e-5)
-        self.assertEqual(train.layerwise_inference(model, ds.graph, store, torch.device("cpu"),
+        self.assertEqual(evaluation.layerwise_inference(model, ds.graph, store, torch.device("cpu"),
                                                    targets=torch.tensor([], dtype=torch.long)).shape[0], 0)
         with self.assertRaisesRegex(IndexError, "node ids in"):
-            train.layerwise_inference(model, ds.graph, store, torch.device("cpu"), targets=[ds.num_nodes])
+            evaluation.layerwise_inference(model, ds.graph, store, torch.device("cpu"), targets=[ds.num_nodes])
 
     def test_bf16_autocasts_the_model_and_keeps_fp32_weights(self):
         # The layers compute in bfloat16; the logits come back float32, and the weights and their
@@ -241,7 +241,7 @@ class TestTrain(TestCase):
         y = self.ds.y[sb.n_id[:sb.batch_size]]
         for precision, inner in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
             torch.manual_seed(0)
-            model = train.GNN("sage", 32, 16, 8, 2, use_pyg=False, precision=precision)
+            model = models.GNN("sage", 32, 16, 8, 2, use_pyg=False, precision=precision)
             seen = []
             model.layers[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
             out = model(x, sb.adjs)
@@ -250,7 +250,7 @@ class TestTrain(TestCase):
             for name, w in model.named_parameters():
                 self.assertEqual((w.dtype, w.grad.dtype), (torch.float32, torch.float32), msg=name)
         with self.assertRaisesRegex(ValueError, "precision must be one of"):
-            train.GNN("sage", 32, 16, 8, 2, use_pyg=False, precision="fp8")
+            models.GNN("sage", 32, 16, 8, 2, use_pyg=False, precision="fp8")
 
     def test_precision_option(self):
         # bf16 trains tiny as well as fp32 does (the same batches; rounding differs), and the record says so.
@@ -268,7 +268,7 @@ class TestTrain(TestCase):
             self.quiet_run("--epochs", "1", "--device", "cpu", "--precision", "tf32")
         self.assertEqual(torch.get_float32_matmul_precision(), before)
         with self.assertRaisesRegex(ValueError, "precision must be one of"):
-            with train.model_precision("fp8", "cpu"):
+            with models.model_precision("fp8", "cpu"):
                 pass
         # Every epoch trains on the current weights: bf16 learns over the epochs as fp32 does (an
         # autocast around the whole loop would cache the first bfloat16 copy of the weights).
@@ -282,27 +282,27 @@ class TestTrain(TestCase):
     def test_gpu_precisions_learn_and_restore_the_matmul_setting(self):
         before = torch.get_float32_matmul_precision()
         accs = {}
-        for p in train.PRECISIONS:
+        for p in models.PRECISIONS:
             rec, _ = self.quiet_run("--epochs", "8", "--seed", "0", "--device", "cuda", "--precision", p)
             accs[p] = rec["test_acc"]
             self.assertEqual(torch.get_float32_matmul_precision(), before, msg=p)
         for p in ("tf32", "bf16"):
             self.assertLess(abs(accs[p] - accs["fp32"]), 0.05, msg=str(accs))
-        with train.model_precision("tf32", "cuda"):
+        with models.model_precision("tf32", "cuda"):
             self.assertEqual(torch.get_float32_matmul_precision(), "high")
         self.assertEqual(torch.get_float32_matmul_precision(), before)
 
     def test_builtin_layers_need_sage(self):
         with self.assertRaisesRegex(RuntimeError, "torch_geometric"):
-            train.make_layer("gat", 8, 8, False, use_pyg=False)
+            models.make_layer("gat", 8, 8, False, use_pyg=False)
         with self.assertRaisesRegex(ValueError, "unknown model"):
-            train.make_layer("gcn", 8, 8, False, use_pyg=False)
+            models.make_layer("gcn", 8, 8, False, use_pyg=False)
 
     def _check_builtin_sage_is_mean_aggregation(self, device):
         # W_l mean_{u in N(v)} x_u + W_r x_v, a target without neighbours aggregating zeros;
         # x_u repeated in N(v) counts as often as it is drawn
         torch.manual_seed(0)
-        layer = train.SAGELayer(3, 2).to(device)
+        layer = models.SAGELayer(3, 2).to(device)
         x = torch.randn(6, 3, device=device)
         edge_index = torch.tensor([[3, 4, 4, 5, 2], [0, 0, 1, 1, 1]], device=device)
         out = layer(x, edge_index, (6, 3))
@@ -318,13 +318,13 @@ class TestTrain(TestCase):
 
     def test_optimizer_is_adam_fused_on_cuda_only(self):
         model = torch.nn.Linear(4, 2)
-        opt = train.make_optimizer(model, 0.01)
+        opt = models.make_optimizer(model, 0.01)
         self.assertIsInstance(opt, torch.optim.Adam)
         self.assertFalse(opt.defaults["fused"])
         self.assertEqual(opt.defaults["lr"], 0.01)
         frozen = torch.nn.Linear(4, 2)
         frozen.bias.requires_grad_(False)
-        self.assertEqual(len(train.make_optimizer(frozen, 0.01).param_groups[0]["params"]), 1)
+        self.assertEqual(len(models.make_optimizer(frozen, 0.01).param_groups[0]["params"]), 1)
 
     @requires_gpu
     def test_fused_adam_steps_as_the_default_one(self):
@@ -332,7 +332,7 @@ class TestTrain(TestCase):
         fused_model = torch.nn.Linear(8, 4).cuda()
         plain_model = torch.nn.Linear(8, 4).cuda()
         plain_model.load_state_dict(fused_model.state_dict())
-        fused, plain = train.make_optimizer(fused_model, 0.01), torch.optim.Adam(plain_model.parameters(), lr=0.01)
+        fused, plain = models.make_optimizer(fused_model, 0.01), torch.optim.Adam(plain_model.parameters(), lr=0.01)
         self.assertTrue(fused.defaults["fused"])
         x = torch.randn(16, 8, device="cuda")
         for _ in range(3):
@@ -345,7 +345,7 @@ class TestTrain(TestCase):
 
     @unittest.skipUnless(HAS_PYG, "torch_geometric is not installed")
     def test_pyg_models_train(self):
-        for model in train.MODELS:
+        for model in models.MODELS:
             rec, _ = self.quiet_run("--epochs", "1", "--layers", "pyg", "--model", model, "--hidden", "16",
                                     "--fanouts", "5,5", "--batch-size", "512")
             self.assertEqual(rec["backend"], "pyg")

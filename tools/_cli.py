@@ -1,15 +1,14 @@
 """What the probes in tools/ share: writing their JSON record, and running as a command with
 bad input reported as one line and exit status 2 (as ``python -m torch_direct`` does)."""
-import json
 import sys
 from pathlib import Path
 
 
 def write_record(path, record: dict) -> None:
-    """Write ``record`` as JSON to ``path`` (its directory made first)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    """Write ``record`` as JSON to ``path`` as the package writes its records (atomically, its
+    folder made first, with a provenance object: commit, machine, command)."""
+    from torch_direct.outputs import write_json
+    write_json(Path(path), record)
 
 
 def run(name: str, main) -> None:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import run, write_record  # noqa: E402
 
 from torch_direct.graph import NeighborSampler, access_frequency, load_dataset  # noqa: E402
-from torch_direct.pipeline.train import _fanouts  # noqa: E402
+from torch_direct.pipeline.options import fanout_list  # noqa: E402
 
 
 def main(argv=None):
@@ -28,7 +28,7 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--dataset", default="arxiv-like", help="a preset or OGB name (default: %(default)s)")
     p.add_argument("--root", default=None, help="data set directory (default: train's)")
-    p.add_argument("--fanouts", type=_fanouts, default=[15, 10, 5], help="as for train (default: 15,10,5)")
+    p.add_argument("--fanouts", type=fanout_list, default=[15, 10, 5], help="as for train (default: 15,10,5)")
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default: %(default)s)")
     p.add_argument("--batches", type=int, default=40, help="batches sampled (default: %(default)s)")
     p.add_argument("--fractions", default="0.1,0.3", help="cache sizes as fractions of the rows (default: %(default)s)")

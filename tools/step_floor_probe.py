@@ -36,12 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import run, write_record  # noqa: E402
 
 from torch_direct.graph import GPUNeighborSampler, load_dataset  # noqa: E402
-from torch_direct.graph._progress import progress  # noqa: E402
+from torch_direct.progress import progress  # noqa: E402
 from torch_direct.pipeline.features import make_feature_store  # noqa: E402
 from torch_direct.pipeline.loader import STREAM_PRIORITIES, PipelinedLoader  # noqa: E402
-from torch_direct.pipeline.train import (GNN, LAYERS, MODELS, PRECISIONS, _fanouts, _resolve_device,  # noqa: E402
-                                         check_precision, graph_to_gpu, make_optimizer, model_precision,
-                                         use_pyg_for)
+from torch_direct.pipeline.batches import graph_to_gpu  # noqa: E402
+from torch_direct.pipeline.models import (GNN, LAYERS, MODELS, PRECISIONS, check_precision,  # noqa: E402
+                                          make_optimizer, model_precision, use_pyg_for)
+from torch_direct.pipeline.options import fanout_list, resolve_device  # noqa: E402
 
 
 def parse(argv=None):
@@ -58,7 +59,7 @@ def parse(argv=None):
     p.add_argument("--warmup", type=int, default=5,
                    help="batches sampled, gathered and trained on before each run's timing (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default: %(default)s)")
-    p.add_argument("--fanouts", type=_fanouts, default=[15, 10, 5], help="as for train (default: 15,10,5)")
+    p.add_argument("--fanouts", type=fanout_list, default=[15, 10, 5], help="as for train (default: 15,10,5)")
     p.add_argument("--hidden", type=int, default=256, help="hidden width (default: %(default)s)")
     p.add_argument("--model", choices=MODELS, default="sage", help="as for train (default: %(default)s)")
     p.add_argument("--layers", type=_choices("layers", LAYERS), default=["auto"],
@@ -174,7 +175,7 @@ def measure(precision, layers, priority, ds, device, sampler, store, labels, bat
 
 def main(argv=None):
     a = parse(argv)
-    device = _resolve_device(a.device)
+    device = resolve_device(a.device)
     for precision in a.precision:                 # before any data is loaded
         check_precision(precision, device)
     show = not a.no_progress

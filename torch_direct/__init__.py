@@ -16,6 +16,8 @@ from __future__ import annotations
 from ._backend import (  # noqa: F401  (on stock torch: registers the device on import)
     BACKEND_NAME,
     built_with_cuda,
+    cpu_alias,
+    cuda_alias,
     cuda_available,
     empty_cache,
     is_unified,
@@ -32,6 +34,8 @@ __version__ = "0.1.0"
 __all__ = [
     "BACKEND_NAME",
     "built_with_cuda",
+    "cpu_alias",
+    "cuda_alias",
     "cuda_available",
     "empty_cache",
     "gather",

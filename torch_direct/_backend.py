@@ -145,6 +145,26 @@ def is_unified(t: torch.Tensor) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == BACKEND_NAME
 
 
+def cpu_alias(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over the same host bytes as the unified tensor ``t``, with no copy:
+    CPU code (index_select, numpy) reads and writes ``t``'s memory in place. It keeps ``t``'s
+    storage alive. ``t.cpu()`` copies instead, as for any device."""
+    if not is_unified(t):
+        raise TypeError(f"cpu_alias: expected a unified tensor, got one on {t.device}"
+                        if isinstance(t, torch.Tensor) else f"cpu_alias: expected a tensor, got {type(t).__name__}")
+    return _C._as_cpu_alias(t)
+
+
+def cuda_alias(t: torch.Tensor, device: int = 0) -> torch.Tensor:
+    """A CUDA tensor on GPU ``device`` over the same mapped host bytes as the unified tensor
+    ``t``, with no copy: any CUDA kernel reads them over the bus (what torch_direct.gather
+    does with its own kernels, ordered and windowed)."""
+    if not is_unified(t):
+        raise TypeError(f"cuda_alias: expected a unified tensor, got one on {t.device}"
+                        if isinstance(t, torch.Tensor) else f"cuda_alias: expected a tensor, got {type(t).__name__}")
+    return _C._as_cuda_alias(t, int(device))
+
+
 def built_with_cuda() -> bool:
     """Whether the extension (on a fork wheel: torch) was compiled with CUDA support."""
     if VEHICLE == "fork":

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from .common import check_writable, default_out, machine_record, write_json
+from ..pipeline.options import resolve_device
 
 LEVERS = ("reorder", "merge", "cache", "graph")
 CONFIGS = (("baseline", ()), ("reorder", ("reorder",)), ("merge", ("merge",)), ("cache", ("cache",)),
@@ -57,7 +58,7 @@ def _config_args(args, levers) -> argparse.Namespace:
     return a
 
 
-def _epoch_seconds(rec: dict) -> float:
+def epoch_seconds(rec: dict) -> float:
     times = [e["total_s"] for e in rec["epochs"]]
     return statistics.median(times[1:] if len(times) > 1 else times)
 
@@ -75,7 +76,7 @@ def run_ablation(args) -> dict:
         raise ValueError("--plot: the ablation prints a table and writes JSON (--out); it draws no plot")
     if args.merge_gathers == 1:
         raise ValueError("--merge-gathers 1 leaves nothing to ablate: give K >= 2 or no K (the prefetch window)")
-    device = train._resolve_device(args.device)
+    device = resolve_device(args.device)
     rows = []
     for name in wanted:
         levers = known[name]
@@ -98,7 +99,7 @@ def run_ablation(args) -> dict:
         with ctx:
             rec = train.run(a)
         row = {"config": name, "levers": list(levers), "reorder": a.reorder, "merge_gathers": rec["merge_gathers"],
-               "cache_mb": a.cache_mb, "graph": rec["graph"], "epoch_s": _epoch_seconds(rec),
+               "cache_mb": a.cache_mb, "graph": rec["graph"], "epoch_s": epoch_seconds(rec),
                "epoch_times_s": [e["total_s"] for e in rec["epochs"]],
                "exposed_gather_s": statistics.median(e["exposed_s"]["gather"] for e in rec["epochs"]),
                "reorder_s": rec["reorder_s"], "losses": [e["loss"] for e in rec["epochs"]],

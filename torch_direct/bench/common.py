@@ -8,7 +8,8 @@ from typing import Callable
 
 import torch
 
-from .._io import check_writable, default_out, machine_record, results_dir, write_json  # noqa: F401  (the benchmarks' names)
+from ..progress import track  # noqa: F401  (the benchmarks' progress bar)
+from ..outputs import check_writable, default_out, machine_record, results_dir, write_json  # noqa: F401  (the benchmarks' names)
 
 
 def time_it(fn: Callable[[], object], repeats: int, warmup: int, gpu: bool) -> dict:
@@ -49,20 +50,3 @@ def print_markdown(header: list[str], rows: list[list]) -> None:
     print("|" + "---|" * len(header))
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
-
-
-def progress(it, total: int, label: str):
-    """tqdm when installed, else a plain counter on stderr."""
-    try:
-        from tqdm import tqdm
-
-        yield from tqdm(it, total=total, desc=label)
-        return
-    except ImportError:
-        pass
-    import sys
-
-    for i, x in enumerate(it, 1):
-        print(f"\r{label}: {i}/{total}", end="", file=sys.stderr, flush=True)
-        yield x
-    print(file=sys.stderr)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .common import check_writable, default_out, machine_record, progress, time_it, write_json
+from .common import check_writable, default_out, machine_record, time_it, track, write_json
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 ROW_BYTES = (64, 128, 200, 256, 400, 512, 1024, 2048)
@@ -88,7 +88,7 @@ def _methods(table, idx, gpu: bool, resident, cpu_threads: int):
     import torch_direct
 
     n, width = idx.numel(), table.shape[1]
-    host = torch_direct._C._as_cpu_alias(table)
+    host = torch_direct.cpu_alias(table)
     idx_cpu = idx.cpu()
     m = {"ours": lambda: torch_direct.gather(table, idx)}
     if not gpu:
@@ -116,7 +116,7 @@ def _methods(table, idx, gpu: bool, resident, cpu_threads: int):
 
     m["cpu_centric"] = cpu_centric
     m["ours_hybrid"] = lambda: torch_direct.gather(table, idx, cpu_threads=cpu_threads)
-    alias = torch_direct._C._as_cuda_alias(table, idx.device.index or 0)
+    alias = torch_direct.cuda_alias(table, idx.device.index or 0)
     m["naive_uva"] = lambda: torch.index_select(alias, 0, idx)
     out = torch.empty(n, width, dtype=table.dtype, device="cuda")
 
@@ -199,7 +199,7 @@ def run(args) -> int:
         base = torch.empty(nbytes // 4, dtype=torch.float32, device="unified")
         base.uniform_(-1, 1)  # random data: zeros would hide unwritten rows and run faster
         grid = list(itertools.product(dtypes, rows, counts, orders))
-        points = grid if args.no_progress else progress(grid, len(grid), f"table {gb} GB")
+        points = grid if args.no_progress else track(grid, len(grid), f"table {gb} GB")
         for dtype, row_bytes, count, order in points:
             es = torch.tensor([], dtype=dtype).element_size()
             if row_bytes % es:
@@ -227,7 +227,7 @@ def run(args) -> int:
                 point["times"][name] = t
             # The timed paths' rows against a CPU gather of the same index (a fast wrong kernel
             # must not pass for a fast kernel).
-            host = torch_direct._C._as_cpu_alias(table)
+            host = torch_direct.cpu_alias(table)
             want = torch.index_select(host, 0, idx.cpu())
             point["checked"] = {}
             for name in ("ours", "ours_hybrid"):

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from .common import check_writable, default_out, machine_record, print_markdown, write_json
-from .train import _row, exposed_cell
+from .train import epoch_row, exposed_cell
 
 
 def _nprocs(text: str) -> list[int]:
@@ -118,8 +118,8 @@ def _launch(k: int, argv: list[str], timeout: float, verbose: bool) -> tuple[int
 
 
 def run_scaling(args) -> dict:
-    from ..pipeline.train import _resolve_device
-    device = _resolve_device(args.device)
+    from ..pipeline.options import resolve_device
+    device = resolve_device(args.device)
     if device.type == "cuda":
         import torch
         have = torch.cuda.device_count()
@@ -143,7 +143,7 @@ def run_scaling(args) -> dict:
                 write_json(out, record)
                 continue
             rec = json.load(open(path))
-            row = {"nproc": k, **_row(label, rec, "")}   # the epoch figures as bench train reports them
+            row = {"nproc": k, **epoch_row(label, rec, "")}   # the epoch figures as bench train reports them
             row.update(host_pss_gb=rec["host_pss_gb"], data_gb=rec["data_gb"], world_size=rec["world_size"])
             record["rows"].append(row)
             write_json(out, record)

@@ -26,17 +26,18 @@ recorded as failed with the error, the others still run, and the exit status is 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import io
-import os
 import re
 import statistics
 import sys
 from pathlib import Path
 
-from .ablation import _epoch_seconds
+from .ablation import epoch_seconds
 from .common import check_writable, default_out, machine_record, print_markdown, write_json
+from ..pipeline.options import check_machine, resolve_device
 
 PIPELINES = ("unified", "cpu_centric", "gpu_resident", "pyg")
 # Headline ratios: name -> (numerator pipeline, denominator pipeline) of epoch seconds.
@@ -58,13 +59,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     _set_help(ap, "epochs", "training epochs per pipeline (default: %(default)s)")
     _set_help(ap, "pipeline", "not used here: give --pipelines")
     _set_help(ap, "json", "another name for --out")
+    _set_help(ap, "pyg_workers", "worker processes of the pyg pipeline's NeighborLoader (default: min(4, CPUs) "
+                                 "= %(default)s)")
     _set_help(ap, "plot", "also draw a bar chart of the epoch time per pipeline, stacked by exposed "
                           "loader stage, to PATH (.svg; .png with matplotlib)")
     ap.add_argument("--pipelines", default=",".join(PIPELINES),
                     help="pipelines to run, comma-separated, from the default list (default: %(default)s)")
-    ap.add_argument("--pyg-workers", type=train._nonneg_int, default=min(4, os.cpu_count() or 1),
-                    help="worker processes of the pyg pipeline's NeighborLoader (default: min(4, CPUs) "
-                         "= %(default)s)")
     ap.add_argument("--out", type=Path, default=None,
                     help="JSON record (default: train_<dataset>.json in the user's cache, "
                          "~/.cache/torch_direct/results)")
@@ -95,8 +95,8 @@ def out_path(args) -> Path:
 
 def _skip_reason(name: str, device) -> str | None:
     if name == "gpu_resident" and device.type != "cuda":
-        from ..pipeline.features import _cuda_usable
-        if _cuda_usable():
+        from ..pipeline.features import cuda_usable
+        if cuda_usable():
             return "gpu_resident keeps every feature in GPU memory: not run with --device cpu"
         return "gpu_resident keeps every feature in GPU memory: no usable CUDA GPU here"
     if name == "pyg":
@@ -105,15 +105,15 @@ def _skip_reason(name: str, device) -> str | None:
     return None
 
 
-def _row(name: str, rec: dict, note: str) -> dict:
+def epoch_row(name: str, rec: dict, note: str) -> dict:
     epochs = rec["epochs"]
-    timed = epochs[1:] if len(epochs) > 1 else epochs      # the epochs _epoch_seconds takes
+    timed = epochs[1:] if len(epochs) > 1 else epochs      # the epochs epoch_seconds takes
     stages = ("sample", "gather", "transfer")
     exposed = {k: statistics.median(e["exposed_s"][k] for e in timed) for k in stages}
     # Busy seconds per stage (CUDA events on the loader's streams): what each stage costs, where
     # exposed says what the training loop waited for.
     busy = {k: statistics.median(e["busy_s"][k] for e in timed) for k in stages if "busy_s" in timed[0]}
-    row = {"pipeline": name, "status": "ok", "epoch_s": _epoch_seconds(rec),
+    row = {"pipeline": name, "status": "ok", "epoch_s": epoch_seconds(rec),
            "epoch_times_s": [e["total_s"] for e in epochs],
            "train_step_s": statistics.median(e["train_step_s"] for e in timed),
            "loader_wait_s": statistics.median(e["loader_wait_s"] for e in timed),
@@ -150,10 +150,16 @@ def _run_one(name: str, args, device) -> dict:
     if args.graph == "gpu" and name in ("cpu_centric", "pyg"):
         a.graph = "unified"   # both sample on the CPU, from the CSR in host memory, by definition
         notes.append(f"CSR in host memory: {name} samples on the CPU")
-    if name == "pyg" and args.merge_gathers != 1:
-        notes.append("no merged gathers: PyG's loader gathers per batch")
-    if name == "pyg" and args.sampler != "auto":
-        notes.append("--sampler does not apply: PyG samples in its loader")
+    if name == "pyg":   # the options of our loaders that PyG's has no counterpart for
+        for attr, default, note in (("merge_gathers", 1, "no merged gathers: PyG's loader gathers per batch"),
+                                    ("sampler", "auto", "--sampler does not apply: PyG samples in its loader"),
+                                    ("sample_ahead", False, "no sample-ahead: PyG's workers sample and slice "
+                                                            "together"),
+                                    ("loader_priority", "normal", "no stream priority: PyG's loader has no "
+                                                                  "CUDA streams")):
+            if getattr(args, attr) != default:
+                setattr(a, attr, default)
+                notes.append(note)
     out = io.StringIO()
     ctx = contextlib.nullcontext() if args.verbose else contextlib.redirect_stdout(out)
     try:
@@ -163,7 +169,7 @@ def _run_one(name: str, args, device) -> dict:
         return {"pipeline": name, "status": "skipped", "reason": str(e), "epoch_s": None}
     except (RuntimeError, MemoryError) as e:   # out of memory, a CUDA error: the others still run
         return {"pipeline": name, "status": "failed", "reason": f"{type(e).__name__}: {e}", "epoch_s": None}
-    return _row(name, rec, "; ".join(notes))
+    return epoch_row(name, rec, "; ".join(notes))
 
 
 def add_ratios(record: dict) -> None:
@@ -220,7 +226,6 @@ def run_bench(args, path: Path | None = None) -> dict:
     """Run each pipeline; the record (rewritten at ``path`` after each pipeline when given)."""
     import torch
 
-    from ..pipeline import train
     wanted = parse_pipelines(args.pipelines)
     if args.pipeline is not None:
         raise ValueError(f"--pipeline: this benchmark runs every pipeline of --pipelines; "
@@ -228,10 +233,10 @@ def run_bench(args, path: Path | None = None) -> dict:
     if args.plot:
         from ..pipeline.plot import check_bench_plot_path
         check_bench_plot_path(args.plot)
-    device = train._resolve_device(args.device)
+    device = resolve_device(args.device)
     if device.type != "cuda":
         # unified's GPU-only levers (gpu_resident itself is skipped with its reason)
-        train.check_machine(args, device)
+        check_machine(args, device)
     record = {"benchmark": "train", "machine": machine_record(), "device": str(device),
               "torch_threads": args.threads or torch.get_num_threads(),
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},

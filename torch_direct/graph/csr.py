@@ -24,13 +24,13 @@ def _as_index_tensor(t, name: str) -> torch.Tensor:
     return t
 
 
-def _host(t: torch.Tensor) -> torch.Tensor:
+def host_values(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor with t's values (the same bytes when t is a unified tensor)."""
     if t.device.type == "cpu":
         return t
     if t.device.type == "unified":
-        from .. import _C
-        return _C._as_cpu_alias(t)
+        from .. import cpu_alias
+        return cpu_alias(t)
     return t.cpu()
 
 
@@ -87,7 +87,7 @@ class CSRGraph:
 
     def validate(self) -> "CSRGraph":
         """Raise ValueError unless the arrays form a CSR graph (checked on the CPU, in place)."""
-        rowptr, col = _host(self.rowptr), _host(self.col)
+        rowptr, col = host_values(self.rowptr), host_values(self.col)
         n, e = self.num_nodes, self.num_edges
         if int(rowptr[0]) != 0 or int(rowptr[-1]) != e:
             raise ValueError(f"CSRGraph: rowptr must start at 0 and end at num_edges={e}, "
@@ -103,7 +103,7 @@ class CSRGraph:
 
     def degree(self) -> torch.Tensor:
         """Number of neighbours of every node (int64, on the graph's device; CPU for unified)."""
-        rowptr = _host(self.rowptr) if self.device.type == "unified" else self.rowptr
+        rowptr = host_values(self.rowptr) if self.device.type == "unified" else self.rowptr
         return rowptr[1:] - rowptr[:-1]
 
     def neighbors(self, v: int) -> torch.Tensor:
@@ -111,15 +111,15 @@ class CSRGraph:
         if not -self.num_nodes <= v < self.num_nodes:
             raise IndexError(f"CSRGraph.neighbors: node {v} is out of range for {self.num_nodes} nodes")
         v = v % self.num_nodes
-        rowptr = _host(self.rowptr) if self.device.type == "unified" else self.rowptr
-        col = _host(self.col) if self.device.type == "unified" else self.col
+        rowptr = host_values(self.rowptr) if self.device.type == "unified" else self.rowptr
+        col = host_values(self.col) if self.device.type == "unified" else self.col
         return col[int(rowptr[v]):int(rowptr[v + 1])]
 
     def to_edge_index(self) -> torch.Tensor:
         """``[2, num_edges]`` int64 edge list (row 0: source ``col``, row 1: target row), on the CPU."""
         deg = self.degree().cpu()
         dst = torch.repeat_interleave(torch.arange(self.num_nodes), deg)
-        return torch.stack([_host(self.col).cpu().long(), dst])
+        return torch.stack([host_values(self.col).cpu().long(), dst])
 
     # -- placement -------------------------------------------------------------------------------
     def to(self, device) -> "CSRGraph":
@@ -176,7 +176,7 @@ class CSRGraph:
             raise ValueError(f"from_edge_index: by must be 'dst' or 'src', got {by!r}")
         if col_dtype not in (torch.int32, torch.int64):
             raise TypeError(f"from_edge_index: col_dtype must be torch.int32 or torch.int64, got {col_dtype}")
-        ei = _host(edge_index).cpu().long()
+        ei = host_values(edge_index).cpu().long()
         e_in = ei.size(1)
         lo = int(ei.min()) if e_in else 0
         hi = int(ei.max()) if e_in else -1
@@ -234,7 +234,7 @@ class CSRGraph:
         if self.edge_ids is not None:
             arrays["edge_ids"] = self.edge_ids
         for name, t in arrays.items():
-            save_npy(path / f"{name}.npy", _host(t).cpu())
+            save_npy(path / f"{name}.npy", host_values(t).cpu())
         meta = {"format": _FORMAT, "num_nodes": self.num_nodes, "num_edges": self.num_edges,
                 "col_dtype": str(self.col.dtype).replace("torch.", ""),
                 "edge_ids": self.edge_ids is not None}

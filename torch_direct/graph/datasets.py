@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._progress import progress
+from ..progress import progress
 from .csr import CSRGraph, load_npy, save_npy
 
 _FORMAT = "torch_direct.node_dataset/1"

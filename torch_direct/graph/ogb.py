@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._progress import progress
+from ..progress import progress
 from .csr import CSRGraph
 
 # name: (classes, split scheme); from OGB's master table of node-property sets.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .csr import CSRGraph, _host
+from .csr import CSRGraph, host_values
 
 ORDERS = ("degree", "frequency", "none")
 _EDGE_CHUNK = 1 << 26
@@ -76,8 +76,8 @@ def access_frequency(graph: CSRGraph, fanout: int = -1) -> torch.Tensor:
         raise ValueError(f"access_frequency: fanout must be a positive int or -1 (all neighbours), got {fanout!r}")
     if not isinstance(graph, CSRGraph):
         raise TypeError(f"access_frequency: graph must be a CSRGraph, got {type(graph).__name__}")
-    rowptr = _host(graph.rowptr).cpu()
-    col = _host(graph.col).cpu()
+    rowptr = host_values(graph.rowptr).cpu()
+    col = host_values(graph.col).cpu()
     n = graph.num_nodes
     deg = rowptr[1:] - rowptr[:-1]
     weight = (torch.ones(n) if fanout < 0
@@ -127,9 +127,9 @@ def relabel_graph(graph: CSRGraph, perm: torch.Tensor, inv: torch.Tensor) -> CSR
     ``inv``, each row's neighbour order (and ``edge_ids``) kept. Vectorized, in chunks of
     about ``_EDGE_CHUNK`` edges (so temporaries stay small on large graphs); the result is on
     the graph's device (computed on the host)."""
-    rowptr = _host(graph.rowptr).cpu()
-    col = _host(graph.col).cpu()
-    eids = None if graph.edge_ids is None else _host(graph.edge_ids).cpu()
+    rowptr = host_values(graph.rowptr).cpu()
+    col = host_values(graph.col).cpu()
+    eids = None if graph.edge_ids is None else host_values(graph.edge_ids).cpu()
     deg = rowptr[1:] - rowptr[:-1]
     deg_new = deg[perm]
     rowptr_new = torch.zeros_like(rowptr)
@@ -178,7 +178,7 @@ def reorder(obj, by="degree"):
         return new_graph, ro
     if name == "none":
         return obj, ro
-    x = _host(obj.x) if obj.x.device.type == "unified" else obj.x
+    x = host_values(obj.x) if obj.x.device.type == "unified" else obj.x
     split = {k: inv[v.cpu().long()] for k, v in obj.split.items()}
     info = dict(obj.info, reorder=name)
     ds = NodeDataset(obj.name, new_graph, x[perm.to(x.device)], obj.y[perm.to(obj.y.device)], split,

@@ -73,6 +73,36 @@ class SampledBatch:
         return f"SampledBatch(batch_size={self.batch_size}, nodes={self.n_id.numel()}, adjs=[{sizes}])"
 
 
+def seeds_per_shard(n: int, shard: tuple[int, int] | None, shuffle: bool) -> int:
+    """How many of ``n`` seeds a process takes with ``shard=(rank, world)``: shuffled, the same
+    count on every rank (so all take the same number of steps); else every seed once."""
+    if shard is None:
+        return n
+    rank, world = shard
+    return n // world if shuffle else len(range(rank, n, world))
+
+
+def seed_batches(node_ids: torch.Tensor, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
+                 generator: torch.Generator | None = None,
+                 shard: tuple[int, int] | None = None) -> list[torch.Tensor]:
+    """The seed batches of one epoch: ``node_ids`` (in an order drawn from ``generator`` when
+    ``shuffle``) cut into batches of ``batch_size``, the last one shorter unless ``drop_last``.
+    ``shard=(rank, world)``: every rank draws the same order and takes every world-th seed
+    (:func:`seeds_per_shard` of them). The samplers' loaders and the pipelined loader all
+    batch their seeds here."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    ids = node_ids
+    if shuffle:
+        ids = ids[torch.randperm(ids.numel(), generator=generator).to(ids.device)]
+    n = seeds_per_shard(ids.numel(), shard, shuffle)
+    if shard is not None:
+        rank, world = shard
+        ids = ids[rank::world][:n]
+    count = n // batch_size if drop_last else math.ceil(n / batch_size)
+    return [ids[i * batch_size:(i + 1) * batch_size] for i in range(count)]
+
+
 def _check_fanouts(fanouts) -> list[int]:
     if isinstance(fanouts, int) or not isinstance(fanouts, Sequence) or len(fanouts) == 0:
         raise ValueError(f"fanouts must be a non-empty list of ints (one per layer), got {fanouts!r}")
@@ -141,7 +171,7 @@ class NeighborSampler:
 
     def sample_batches(self, seed_batches) -> list[SampledBatch]:
         """Sample several batches at once, in parallel (one worker thread per batch)."""
-        from .. import _C
+        from .. import _C, cpu_alias
         batches = [self._prepare(s) for s in seed_batches]
         streams = list(range(self._next_stream, self._next_stream + len(batches)))
         self._next_stream += len(batches)
@@ -149,7 +179,7 @@ class NeighborSampler:
                                    self.seed % 2**64, streams, self.return_edge_ids, self.pin_memory)
         eids = self.graph.edge_ids
         if eids is not None and eids.device.type == "unified":
-            eids = _C._as_cpu_alias(eids)
+            eids = cpu_alias(eids)
         out = []
         for seeds, (n_id, hops) in zip(batches, raw):
             blocks = []
@@ -166,17 +196,11 @@ class NeighborSampler:
         """Iterate over ``node_ids`` in batches of ``batch_size`` seeds, sampling
         ``batches_per_call`` batches at a time in parallel (default: the number of
         torch threads)."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        ids = self._prepare(node_ids)
-        if shuffle:
-            ids = ids[torch.randperm(ids.numel(), generator=generator)]
-        n = ids.numel()
-        count = n // batch_size if drop_last else math.ceil(n / batch_size)
+        batches = seed_batches(self._prepare(node_ids), batch_size, shuffle=shuffle, drop_last=drop_last,
+                               generator=generator)
         group = batches_per_call or max(1, torch.get_num_threads())
-        for first in range(0, count, group):
-            seeds = [ids[i * batch_size:(i + 1) * batch_size] for i in range(first, min(count, first + group))]
-            yield from self.sample_batches(seeds)
+        for first in range(0, len(batches), group):
+            yield from self.sample_batches(batches[first:first + group])
 
     def __repr__(self) -> str:
         return f"NeighborSampler({self.graph!r}, fanouts={self.fanouts}, seed={self.seed})"
@@ -237,15 +261,9 @@ class GPUNeighborSampler:
     def loader(self, node_ids, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
                generator: torch.Generator | None = None) -> Iterator[SampledBatch]:
         """Iterate over ``node_ids`` in batches of ``batch_size`` seeds."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        ids = torch.as_tensor(node_ids)
-        if shuffle:
-            ids = ids[torch.randperm(ids.numel(), generator=generator).to(ids.device)]
-        n = ids.numel()
-        count = n // batch_size if drop_last else math.ceil(n / batch_size)
-        for i in range(count):
-            yield self.sample(ids[i * batch_size:(i + 1) * batch_size])
+        for seeds in seed_batches(torch.as_tensor(node_ids), batch_size, shuffle=shuffle, drop_last=drop_last,
+                                  generator=generator):
+            yield self.sample(seeds)
 
     def __repr__(self) -> str:
         return f"GPUNeighborSampler({self.graph!r}, fanouts={self.fanouts}, device={self.device})"

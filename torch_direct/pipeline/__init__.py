@@ -12,7 +12,8 @@
 
 from .features import (KINDS, CPUCentricFeatureStore, FeatureStore, GPUResidentFeatureStore,
                        UnifiedFeatureStore, make_feature_store, to_pyg)
-from .loader import STAGES, Batch, PipelinedLoader
+from .loader import PipelinedLoader
+from .stages import STAGES, Batch
 from .pyg import to_pyg_graph_store
 
 __all__ = ["Batch", "CPUCentricFeatureStore", "FeatureStore", "GPUResidentFeatureStore", "KINDS",

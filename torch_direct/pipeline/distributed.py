@@ -135,7 +135,7 @@ class Context:
 
 def init(device_arg: str | None) -> Context:
     """Join the job torchrun started; ``device_arg`` is ``--device`` (None, ``cuda`` or ``cpu``)."""
-    from .features import _cuda_usable
+    from .features import cuda_usable
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
@@ -143,7 +143,7 @@ def init(device_arg: str | None) -> Context:
     if device_arg not in (None, "cpu", "cuda"):
         raise ValueError(f"--device {device_arg}: under torchrun each rank takes cuda:LOCAL_RANK; give "
                          f"--device cuda or --device cpu")
-    use_cuda = device_arg != "cpu" and _cuda_usable()
+    use_cuda = device_arg != "cpu" and cuda_usable()
     if device_arg == "cuda" and not use_cuda:
         raise ValueError("--device cuda: no usable GPU here")
     if use_cuda:

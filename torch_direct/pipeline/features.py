@@ -29,18 +29,19 @@ from contextlib import nullcontext
 
 import torch
 
+import torch_direct
+
 KINDS = ("unified", "cpu_centric", "gpu_resident")
 
 
-def _cuda_usable() -> bool:
-    import torch_direct
+def cuda_usable() -> bool:
     return torch.cuda.is_available() and torch_direct.cuda_available()
 
 
-def _check_device(device) -> torch.device:
+def check_device(device) -> torch.device:
     device = torch.device(device)
     if device.type == "cuda":
-        if not _cuda_usable():
+        if not cuda_usable():
             raise RuntimeError(f"feature store: device {device} asked for, but no usable CUDA GPU here")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -79,7 +80,7 @@ class FeatureStore:
                             f"{type(x).__name__ if not isinstance(x, torch.Tensor) else tuple(x.shape)}")
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise TypeError(f"{type(self).__name__}: dtype must be a torch.dtype, got {dtype!r}")
-        self.device = _check_device(device)
+        self.device = check_device(device)
         self.num_rows, self.dim = x.shape
         self.source_dtype = x.dtype
         self.dtype = dtype or x.dtype
@@ -122,7 +123,6 @@ class UnifiedFeatureStore(FeatureStore):
     def __init__(self, x, device, dtype=None, *, cache_bytes: int = 0, degree=None,
                  pin_inplace: bool = False, max_sms: int | None = None, cpu_threads: int = 0):
         super().__init__(x, device, dtype)
-        import torch_direct
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ValueError(f"UnifiedFeatureStore: cache_bytes must be an int >= 0, got {cache_bytes!r}")
         if max_sms is not None and (isinstance(max_sms, bool) or not isinstance(max_sms, int) or max_sms <= 0):
@@ -159,14 +159,13 @@ class UnifiedFeatureStore(FeatureStore):
 
     def _read(self, idx: torch.Tensor) -> torch.Tensor:
         """Rows ``idx`` of the table (``idx`` on the output's device), in the store's dtype."""
-        import torch_direct
         if self.cpu_threads and idx.device.type == "cuda":
             y = torch_direct.gather(self.table, idx, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
             return y.to(self.dtype)
         return torch_direct.gather(self.table, idx, dtype=self.dtype, max_sms=self.max_sms)
 
     def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
-        device = self.device if device is None else _check_device(device)
+        device = self.device if device is None else check_device(device)
         n_id = _check_index(n_id, self.num_rows)
         with _stream_ctx(stream, device):
             idx = n_id.to(device, non_blocking=True)
@@ -208,14 +207,13 @@ class CPUCentricFeatureStore(FeatureStore):
     def __init__(self, x, device, dtype=None):
         super().__init__(x, device, dtype)
         if x.device.type == "unified":
-            from torch_direct import _C
-            x = _C._as_cpu_alias(x)
+            x = torch_direct.cpu_alias(x)
         elif x.device.type != "cpu":
             x = x.cpu()
         self.table = x
 
     def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
-        device = self.device if device is None else _check_device(device)
+        device = self.device if device is None else check_device(device)
         n_id = _check_index(n_id, self.num_rows).cpu()
         pin = device.type == "cuda"
         buf = torch.empty(n_id.numel(), self.dim, dtype=self.source_dtype, pin_memory=pin)
@@ -234,14 +232,13 @@ class GPUResidentFeatureStore(FeatureStore):
     def __init__(self, x, device, dtype=None):
         super().__init__(x, device, dtype)
         if x.device.type == "unified":
-            from torch_direct import _C
-            x = _C._as_cpu_alias(x)
+            x = torch_direct.cpu_alias(x)
         self.table = x.to(self.device)          # in its own dtype: rows are cast as gathered
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)   # gathers on side streams read the table
 
     def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
-        device = self.device if device is None else _check_device(device)
+        device = self.device if device is None else check_device(device)
         if device != self.device:
             raise ValueError(f"GPUResidentFeatureStore: the table is on {self.device}, asked for {device}")
         n_id = _check_index(n_id, self.num_rows)

@@ -37,68 +37,21 @@ from contextlib import nullcontext
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 
 import torch
 
-from .features import FeatureStore, _check_device
+from ..graph.sampler import seed_batches, seeds_per_shard
+from .features import FeatureStore, check_device
+from .stages import STAGES, Batch, Stages, batch_tensors, sampled_tensors  # noqa: F401  (Batch, STAGES: the loader's)
+from .timing import Timer, split_by_busy
 
-STAGES = ("sample", "gather", "transfer")
 STREAM_PRIORITIES = ("normal", "high")
 _END = object()
-
-
-@dataclass
-class Batch:
-    """One mini-batch on the device: features ``x`` of every sampled node (``n_id``
-    order), labels ``y`` of the ``batch_size`` seeds (or None), and the model-order
-    blocks ``adjs`` (``(edge_index, e_id, (n_src, n_dst))``, PyG's layout)."""
-
-    x: torch.Tensor
-    y: torch.Tensor | None
-    adjs: list
-    batch_size: int
-    n_id: torch.Tensor
 
 
 class _Failure:
     def __init__(self, exc: BaseException):
         self.exc = exc
-
-
-class _Timer:
-    """Per-stage busy time. On the CPU: ``perf_counter``. On CUDA: the longer of the host
-    time and the stream time between two CUDA events (read at the end of the epoch), so a
-    stage counts its CPU work (sampling threads, CPU slicing) and its GPU work alike."""
-
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
-        self.seconds = dict.fromkeys(STAGES, 0.0)
-        self.events: list = []
-
-    def start(self, stream):
-        ev = None
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(stream)
-        return ev, time.perf_counter()
-
-    def stop(self, stage: str, start, stream) -> None:
-        ev0, t0 = start
-        host = time.perf_counter() - t0
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(stream)
-            self.events.append((stage, ev0, ev, host))
-        else:
-            self.seconds[stage] += host
-
-    def resolve(self) -> dict:
-        for stage, a, b, host in self.events:
-            b.synchronize()
-            self.seconds[stage] += max(host, a.elapsed_time(b) / 1e3)
-        self.events.clear()
-        return dict(self.seconds)
 
 
 def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
@@ -112,7 +65,7 @@ def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
     return False
 
 
-def _produce(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: threading.Event) -> None:
+def _produce(stages: Stages, it, timer: Timer, q: queue.Queue, stop: threading.Event) -> None:
     """The producer thread's body. It holds no reference to the epoch or the loader, so
     dropping those (without close()) still stops it: a finalizer sets ``stop``."""
     try:
@@ -129,7 +82,7 @@ def _produce(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: threadi
         _put(q, _Failure(e), stop)
 
 
-def _timed_samples(it, timer: _Timer, stream):
+def _timed_samples(it, timer: Timer, stream):
     """The sampled batches of ``it``, each draw timed as the ``sample`` stage on ``stream``
     (drawing from ``it`` is the sampling; it runs in the caller's stream context)."""
     while True:
@@ -141,7 +94,7 @@ def _timed_samples(it, timer: _Timer, stream):
         yield sb
 
 
-def _sample_ahead(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: threading.Event) -> None:
+def _sample_ahead(stages: Stages, it, timer: Timer, q: queue.Queue, stop: threading.Event) -> None:
     """The sampling thread's body (``sample_ahead``): the epoch's sampled batches, each with an
     event recorded on the sampling stream after its work, into ``q``."""
     try:
@@ -166,7 +119,7 @@ def _sample_ahead(stages: "_Stages", it, timer: _Timer, q: queue.Queue, stop: th
         _put(q, _Failure(e), stop)
 
 
-def _sampled_from(q: queue.Queue, stages: "_Stages", stop: threading.Event):
+def _sampled_from(q: queue.Queue, stages: Stages, stop: threading.Event):
     """The sampled batches the sampling thread queued, in order, each made safe to use on the
     producer's stream (which waits for the batch's event; its tensors record that stream)."""
     while True:
@@ -183,7 +136,7 @@ def _sampled_from(q: queue.Queue, stages: "_Stages", stop: threading.Event):
         sb, event = item
         if event is not None:
             stages.stream.wait_event(event)
-            for t in _sampled_tensors(sb):
+            for t in sampled_tensors(sb):
                 if t.is_cuda:                         # the GPU sampler's; a CPU sampler's are host tensors
                     t.record_stream(stages.stream)
         yield sb
@@ -192,9 +145,9 @@ def _sampled_from(q: queue.Queue, stages: "_Stages", stop: threading.Event):
 class _Epoch:
     """The iterator of one epoch (see :class:`PipelinedLoader`)."""
 
-    def __init__(self, stages: "_Stages", seeds: list, prefetch: int):
+    def __init__(self, stages: Stages, seeds: list, prefetch: int):
         self.stages = stages
-        self.timer = _Timer(stages.cuda)
+        self.timer = Timer(stages.cuda, STAGES, host_floor=True)
         self.wait = 0.0
         self.batches = 0
         self.done = False
@@ -258,7 +211,7 @@ class _Epoch:
         if event is not None:
             cur = torch.cuda.current_stream(self.stages.device)
             cur.wait_event(event)
-            for t in _tensors(batch):
+            for t in batch_tensors(batch):
                 t.record_stream(cur)
         self.batches += 1
         return batch
@@ -283,124 +236,6 @@ def _drain(q: queue.Queue) -> None:
             q.get_nowait()
         except queue.Empty:
             return
-
-
-def _sampled_tensors(sb):
-    yield sb.n_id
-    for h in sb.hops:
-        yield h.edge_index
-        if h.e_id is not None:
-            yield h.e_id
-
-
-def _tensors(b: Batch):
-    yield b.x
-    yield b.n_id
-    if b.y is not None:
-        yield b.y
-    for edge_index, e_id, _ in b.adjs:
-        yield edge_index
-        if e_id is not None:
-            yield e_id
-
-
-class _Stages:
-    """What the producer needs to make a batch: sampler, store, labels, device, side stream,
-    and how many batches share one merged feature gather (``merge``; 1 = none)."""
-
-    def __init__(self, sampler, features, labels, device, stream, merge: int = 1, sample_ahead: bool = False,
-                 stream_priority: int = 0):
-        self.sampler, self.features, self.labels = sampler, features, labels
-        self.device, self.stream = device, stream
-        self.cuda = device.type == "cuda"
-        self.merge = merge
-        # Sampling in a thread of its own, on a stream of its own on CUDA.
-        self.sample_ahead = sample_ahead
-        self.sample_stream = (torch.cuda.Stream(device, priority=stream_priority)
-                              if sample_ahead and self.cuda else None)
-
-    def sample_iter(self, seeds):
-        many = getattr(self.sampler, "sample_batches", None)
-        group = max(1, torch.get_num_threads()) if many is not None else 1
-        for first in range(0, len(seeds), group):
-            chunk = seeds[first:first + group]
-            yield from (many(chunk) if many is not None else [self.sampler.sample(s) for s in chunk])
-
-    def batch_iter(self, it, timer: _Timer):
-        """The epoch's ``(Batch, event)`` items, made from the sampled batches of ``it``."""
-        while True:
-            if self.merge <= 1:
-                item = self.make_batch(it, timer)
-                if item is None:
-                    return
-                yield item
-                continue
-            items = self.make_window(it, timer)
-            if not items:
-                return
-            yield from items
-
-    def make_window(self, it, timer: _Timer) -> list:
-        """Sample up to ``merge`` batches, gather the union of their nodes in one ordered
-        gather (each row read once), and let every batch take its rows by position."""
-        stream = self.stream
-        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
-        with ctx:
-            sbs = []
-            for _ in range(self.merge):
-                sb = next(it, None)
-                if sb is None:
-                    break
-                sbs.append(sb)
-            if not sbs:
-                return []
-            t = timer.start(stream)
-            union, pos = torch.unique(torch.cat([sb.n_id for sb in sbs]), sorted=True, return_inverse=True)
-            rows = self.features.gather(union, self.device, stream=stream)
-            pos = pos.to(self.device, non_blocking=self.cuda)
-            xs, at = [], 0
-            for sb in sbs:
-                k = sb.n_id.numel()
-                xs.append(rows.index_select(0, pos[at:at + k]))
-                at += k
-            del rows, pos
-            timer.stop("gather", t, stream)
-        return [self.finish_batch(sb, x, timer) for sb, x in zip(sbs, xs)]
-
-    def make_batch(self, it, timer: _Timer):
-        """Sample, gather and transfer the next batch; None at the end of the epoch."""
-        stream = self.stream
-        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
-        with ctx:
-            sb = next(it, None)
-            if sb is None:
-                return None
-            t = timer.start(stream)
-            x = self.features.gather(sb.n_id, self.device, stream=stream)
-            timer.stop("gather", t, stream)
-        return self.finish_batch(sb, x, timer)
-
-    def finish_batch(self, sb, x, timer: _Timer):
-        """Move a batch's blocks, ids and labels to the device; the batch and its event."""
-        stream = self.stream
-        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
-        with ctx:
-            t = timer.start(stream)
-            nb = self.cuda
-            n_id = sb.n_id.to(self.device, non_blocking=nb)
-            adjs = [(ei.to(self.device, non_blocking=nb),
-                     None if e is None else e.to(self.device, non_blocking=nb), size)
-                    for ei, e, size in sb.adjs]
-            y = None
-            if self.labels is not None:
-                seeds = sb.n_id[:sb.batch_size]
-                y = self.labels[seeds.to(self.labels.device)].to(self.device, non_blocking=nb)
-            timer.stop("transfer", t, stream)
-            event = None
-            if self.cuda:
-                event = torch.cuda.Event()
-                event.record(stream)
-        return Batch(x, y, adjs, sb.batch_size, n_id), event
 
 
 class PipelinedLoader:
@@ -455,7 +290,7 @@ class PipelinedLoader:
         self.batch_size, self.prefetch, self.merge_gathers = batch_size, prefetch, merge_gathers
         self.shuffle, self.drop_last, self.generator = shuffle, drop_last, generator
         self.shard = shard
-        self.device = features.device if device is None else _check_device(device)
+        self.device = features.device if device is None else check_device(device)
         self.cuda = self.device.type == "cuda"
         if stream_priority not in STREAM_PRIORITIES:
             raise ValueError(f"PipelinedLoader: stream_priority must be one of {', '.join(STREAM_PRIORITIES)}, "
@@ -466,32 +301,18 @@ class PipelinedLoader:
         if sample_ahead and prefetch == 0:
             raise ValueError("PipelinedLoader: sample_ahead needs prefetch > 0 (it is a thread of its own)")
         self.sample_ahead = bool(sample_ahead)
-        self._stages = _Stages(sampler, features, self.labels, self.device, self.stream,
+        self._stages = Stages(sampler, features, self.labels, self.device, self.stream,
                               merge_gathers, self.sample_ahead, prio)
         self._epoch: _Epoch | None = None
         self._last: dict | None = None
 
-    def _seeds_here(self) -> int:
-        n = self.node_ids.numel()
-        if self.shard is None:
-            return n
-        rank, world = self.shard
-        # Shuffled: every rank the same count (the same number of steps); else every seed once.
-        return n // world if self.shuffle else len(range(rank, n, world))
-
     def __len__(self) -> int:
-        n = self._seeds_here()
+        n = seeds_per_shard(self.node_ids.numel(), self.shard, self.shuffle)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    # the stages ------------------------------------------------------------------------------------
     def _seed_batches(self) -> list[torch.Tensor]:
-        ids = self.node_ids
-        if self.shuffle:
-            ids = ids[torch.randperm(ids.numel(), generator=self.generator)]
-        if self.shard is not None:  # ranks draw the same permutation and take every world-th seed
-            rank, world = self.shard
-            ids = ids[rank::world][: self._seeds_here()]
-        return [ids[i * self.batch_size:(i + 1) * self.batch_size] for i in range(len(self))]
+        return seed_batches(self.node_ids, self.batch_size, shuffle=self.shuffle, drop_last=self.drop_last,
+                            generator=self.generator, shard=self.shard)
 
     # epochs ------------------------------------------------------------------------------------------
     def __iter__(self) -> _Epoch:
@@ -503,9 +324,8 @@ class PipelinedLoader:
         ep = self._epoch
         if ep is not None:
             ep.close()
-            busy = ep.timer.resolve()
-            total = sum(busy.values())
-            exposed = {k: (ep.wait * v / total if total else 0.0) for k, v in busy.items()}
+            busy = ep.timer.totals()
+            exposed = split_by_busy(ep.wait, busy)
             self._last = {"batches": ep.batches, "wait": ep.wait, "busy": busy, "exposed": exposed}
             self._epoch = None
 

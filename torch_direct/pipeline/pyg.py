@@ -22,12 +22,12 @@ def to_pyg_graph_store(graph, edge_type=None):
     except ImportError as e:
         raise ImportError("to_pyg_graph_store needs torch_geometric (pip install torch_geometric)") from e
     from ..graph import CSRGraph
-    from ..graph.csr import _host
+    from ..graph.csr import host_values
     if not isinstance(graph, CSRGraph):
         raise TypeError(f"to_pyg_graph_store: graph must be a CSRGraph, got {type(graph).__name__}")
 
     def host(t):
-        return _host(t) if t.device.type == "unified" else t
+        return host_values(t) if t.device.type == "unified" else t
 
     class CSRGraphStore(GraphStore):
         def __init__(self):

@@ -1,4 +1,5 @@
-"""Progress bars for long data-set work: tqdm when installed, else a plain line on stderr."""
+"""Progress bars for long work (data sets, epochs, benchmarks): tqdm when installed, else a
+plain line on stderr redrawn at most twice a second. The one progress helper of the package."""
 
 from __future__ import annotations
 
@@ -42,3 +43,11 @@ def progress(total: int, desc: str, enabled: bool = True):
     except ImportError:
         return _Plain(total, desc, not enabled)
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False)
+
+
+def track(it, total: int, desc: str, enabled: bool = True):
+    """Iterate over ``it`` (``total`` items) with a :func:`progress` bar."""
+    with progress(total, desc, enabled) as bar:
+        for x in it:
+            yield x
+            bar.update(1)

@@ -1,0 +1,146 @@
+"""The stages of one batch: sample its blocks, gather its features, move it to the device.
+The pipelined loader (``pipeline/loader.py``) runs them in its threads and CUDA streams."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from .timing import Timer
+
+STAGES = ("sample", "gather", "transfer")
+
+
+@dataclass
+class Batch:
+    """One mini-batch on the device: features ``x`` of every sampled node (``n_id``
+    order), labels ``y`` of the ``batch_size`` seeds (or None), and the model-order
+    blocks ``adjs`` (``(edge_index, e_id, (n_src, n_dst))``, PyG's layout)."""
+
+    x: torch.Tensor
+    y: torch.Tensor | None
+    adjs: list
+    batch_size: int
+    n_id: torch.Tensor
+
+
+def sampled_tensors(sb):
+    """The tensors of a sampled batch (for ``record_stream``)."""
+    yield sb.n_id
+    for h in sb.hops:
+        yield h.edge_index
+        if h.e_id is not None:
+            yield h.e_id
+
+
+def batch_tensors(b: Batch):
+    """The tensors of a batch (for ``record_stream``)."""
+    yield b.x
+    yield b.n_id
+    if b.y is not None:
+        yield b.y
+    for edge_index, e_id, _ in b.adjs:
+        yield edge_index
+        if e_id is not None:
+            yield e_id
+
+
+class Stages:
+    """What the producer needs to make a batch: sampler, store, labels, device, side stream,
+    and how many batches share one merged feature gather (``merge``; 1 = none)."""
+
+    def __init__(self, sampler, features, labels, device, stream, merge: int = 1, sample_ahead: bool = False,
+                 stream_priority: int = 0):
+        self.sampler, self.features, self.labels = sampler, features, labels
+        self.device, self.stream = device, stream
+        self.cuda = device.type == "cuda"
+        self.merge = merge
+        # Sampling in a thread of its own, on a stream of its own on CUDA.
+        self.sample_ahead = sample_ahead
+        self.sample_stream = (torch.cuda.Stream(device, priority=stream_priority)
+                              if sample_ahead and self.cuda else None)
+
+    def sample_iter(self, seeds):
+        many = getattr(self.sampler, "sample_batches", None)
+        group = max(1, torch.get_num_threads()) if many is not None else 1
+        for first in range(0, len(seeds), group):
+            chunk = seeds[first:first + group]
+            yield from (many(chunk) if many is not None else [self.sampler.sample(s) for s in chunk])
+
+    def batch_iter(self, it, timer: Timer):
+        """The epoch's ``(Batch, event)`` items, made from the sampled batches of ``it``."""
+        while True:
+            if self.merge <= 1:
+                item = self.make_batch(it, timer)
+                if item is None:
+                    return
+                yield item
+                continue
+            items = self.make_window(it, timer)
+            if not items:
+                return
+            yield from items
+
+    def make_window(self, it, timer: Timer) -> list:
+        """Sample up to ``merge`` batches, gather the union of their nodes in one ordered
+        gather (each row read once), and let every batch take its rows by position."""
+        stream = self.stream
+        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
+        with ctx:
+            sbs = []
+            for _ in range(self.merge):
+                sb = next(it, None)
+                if sb is None:
+                    break
+                sbs.append(sb)
+            if not sbs:
+                return []
+            t = timer.start(stream)
+            union, pos = torch.unique(torch.cat([sb.n_id for sb in sbs]), sorted=True, return_inverse=True)
+            rows = self.features.gather(union, self.device, stream=stream)
+            pos = pos.to(self.device, non_blocking=self.cuda)
+            xs, at = [], 0
+            for sb in sbs:
+                k = sb.n_id.numel()
+                xs.append(rows.index_select(0, pos[at:at + k]))
+                at += k
+            del rows, pos
+            timer.stop("gather", t, stream)
+        return [self.finish_batch(sb, x, timer) for sb, x in zip(sbs, xs)]
+
+    def make_batch(self, it, timer: Timer):
+        """Sample, gather and transfer the next batch; None at the end of the epoch."""
+        stream = self.stream
+        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
+        with ctx:
+            sb = next(it, None)
+            if sb is None:
+                return None
+            t = timer.start(stream)
+            x = self.features.gather(sb.n_id, self.device, stream=stream)
+            timer.stop("gather", t, stream)
+        return self.finish_batch(sb, x, timer)
+
+    def finish_batch(self, sb, x, timer: Timer):
+        """Move a batch's blocks, ids and labels to the device; the batch and its event."""
+        stream = self.stream
+        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
+        with ctx:
+            t = timer.start(stream)
+            nb = self.cuda
+            n_id = sb.n_id.to(self.device, non_blocking=nb)
+            adjs = [(ei.to(self.device, non_blocking=nb),
+                     None if e is None else e.to(self.device, non_blocking=nb), size)
+                    for ei, e, size in sb.adjs]
+            y = None
+            if self.labels is not None:
+                seeds = sb.n_id[:sb.batch_size]
+                y = self.labels[seeds.to(self.labels.device)].to(self.device, non_blocking=nb)
+            timer.stop("transfer", t, stream)
+            event = None
+            if self.cuda:
+                event = torch.cuda.Event()
+                event.record(stream)
+        return Batch(x, y, adjs, sb.batch_size, n_id), event

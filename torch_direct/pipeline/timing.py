@@ -1,0 +1,114 @@
+"""How the training loop and the loader measure time: one timer, one way to split the
+epoch's exposed time over the loader stages, and a profiler over a window of steps."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+
+class Timer:
+    """Seconds spent in timed sections, summed per key.
+
+    On the CPU each section is timed by ``perf_counter``. On CUDA by a pair of events on
+    ``stream`` (default: the current stream), read only by :meth:`totals`, so timing never
+    makes the host wait for the GPU mid-epoch. With ``host_floor`` a CUDA section counts the
+    longer of its host time and its stream time: a loader stage then counts its CPU work
+    (sampling threads, CPU slicing) and its GPU work alike. Without it, the stream time
+    alone: a training step is the GPU's time for it, however far ahead the host launched it.
+    """
+
+    def __init__(self, cuda: bool, keys=(), host_floor: bool = False):
+        self.cuda, self.host_floor = bool(cuda), host_floor
+        self.seconds = dict.fromkeys(keys, 0.0)
+        self.events: list = []
+
+    def start(self, stream=None):
+        ev = None
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(stream)
+        return ev, time.perf_counter()
+
+    def stop(self, key: str, start, stream=None) -> None:
+        ev0, t0 = start
+        host = time.perf_counter() - t0
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(stream)
+            self.events.append((key, ev0, ev, host))
+        else:
+            self.seconds[key] = self.seconds.get(key, 0.0) + host
+
+    def totals(self) -> dict:
+        """Seconds per key so far (waits for the GPU to reach the last recorded event)."""
+        for key, a, b, host in self.events:
+            b.synchronize()
+            dev = a.elapsed_time(b) / 1e3
+            self.seconds[key] = self.seconds.get(key, 0.0) + (max(host, dev) if self.host_floor else dev)
+        self.events.clear()
+        return dict(self.seconds)
+
+    def total(self) -> float:
+        """Seconds over every key."""
+        return sum(self.totals().values())
+
+
+def split_by_busy(seconds: float, busy: dict) -> dict:
+    """``seconds`` of exposed loader time split over the stages in proportion to their busy
+    time (all zero when no stage was busy): the one formula for every exposed-time figure."""
+    total = sum(busy.values())
+    return {k: (seconds * v / total if total else 0.0) for k, v in busy.items()}
+
+
+def sync(device) -> None:
+    """Wait for ``device``'s work (CUDA); nothing to wait for on the CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepProfiler:
+    """torch.profiler over training steps [first, first + count) of an epoch; ``finish`` writes
+    the top operators (a .txt table) or a Chrome trace (.json) to ``path``."""
+
+    def __init__(self, path, device, first: int = 10, count: int = 20):
+        self.path, self.first, self.count = Path(path), first, count
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        self.cuda = device.type == "cuda"
+        self.prof = torch.profiler.profile(activities=acts)
+        self.steps = 0
+        self.running = False
+
+    def step(self, i: int) -> None:
+        if i == self.first:
+            self.prof.start()
+            self.running = True
+        elif self.running and i == self.first + self.count:
+            self._stop()
+        if self.running:
+            self.steps += 1
+
+    def _stop(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.prof.stop()
+        self.running = False
+
+    def finish(self) -> Path:
+        if self.running:              # an epoch shorter than first + count steps
+            self._stop()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.steps == 0:
+            self.path.write_text(f"no step profiled: the epoch has {self.first} steps or fewer\n")
+        elif self.path.suffix == ".json":
+            self.prof.export_chrome_trace(str(self.path))
+        else:
+            key = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
+            table = self.prof.key_averages().table(sort_by=key, row_limit=40)
+            self.path.write_text(f"{self.steps} training steps (from step {self.first} of epoch 1), "
+                                 f"sorted by {key}\n{table}\n")
+        return self.path
