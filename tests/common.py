@@ -42,7 +42,7 @@ class TinyDatasetCase(TestCase):
 
     @classmethod
     def setUpClass(cls):
-        from torch_direct.graph import load_dataset
+        from torch_direct.gnn.graph import load_dataset
         cls.tmp = tempfile.TemporaryDirectory()
         cls.ds = load_dataset("tiny", root=cls.tmp.name, show_progress=False)
         cls.threads = torch.get_num_threads()

@@ -10,7 +10,7 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 
 def bench(*args):
-    return subprocess.run([sys.executable, "-m", "torch_direct.bench", *args],
+    return subprocess.run([sys.executable, "-m", "torch_direct.gnn.bench", *args],
                           capture_output=True, text=True, timeout=600)
 
 
@@ -41,7 +41,7 @@ class TestGatherBench(TestCase):
 
     def test_row_check_compares_bits(self):
         import torch
-        from torch_direct.bench.gather import _same_bits
+        from torch_direct.gnn.bench.gather import _same_bits
 
         a = torch.tensor([1.0, float("nan"), -0.0], dtype=torch.float16)
         self.assertTrue(_same_bits(a, a.clone()))
@@ -91,7 +91,7 @@ class TestOutputPaths(TestCase):
         import os
         from unittest import mock
 
-        from torch_direct.bench import common
+        from torch_direct.gnn.bench import common
         with tempfile.TemporaryDirectory() as d, mock.patch.dict(os.environ, {"XDG_CACHE_HOME": d}):
             self.assertEqual(common.default_out("gather"), Path(d) / "torch_direct" / "results" / "gather.json")
             r = bench("gather", "--table-gb", "0.01", "--row-bytes", "128", "--indices", "1000",
@@ -106,14 +106,14 @@ class TestOutputPaths(TestCase):
             stub.mkdir(parents=True)
             (stub / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub.parent), os.environ.get("PYTHONPATH", "")]))
-            r = subprocess.run([sys.executable, "-m", "torch_direct.bench", "gather", "--plot", str(Path(d) / "c.png"),
+            r = subprocess.run([sys.executable, "-m", "torch_direct.gnn.bench", "gather", "--plot", str(Path(d) / "c.png"),
                                 "--out", str(Path(d) / "g.json")], capture_output=True, text=True, timeout=600, env=env)
             self.assertEqual(r.returncode, 2, r.stderr[-500:])
             self.assertIn("--plot: the gather chart needs matplotlib", r.stderr)
             self.assertFalse((Path(d) / "g.json").exists())
 
     def test_unwritable_paths_fail_before_work(self):
-        from torch_direct.bench.common import check_writable
+        from torch_direct.gnn.bench.common import check_writable
         with tempfile.TemporaryDirectory() as d:
             a_file = Path(d) / "file"
             a_file.write_text("x")

@@ -1,5 +1,5 @@
-"""``python -m torch_direct.bench train``: the end-to-end benchmark of every training pipeline,
-and the PyG baseline (``torch_direct/pipeline/pyg_baseline.py``)."""
+"""``python -m torch_direct.gnn.bench train``: the end-to-end benchmark of every training pipeline,
+and the PyG baseline (``torch_direct/gnn/pipeline/pyg_baseline.py``)."""
 
 import contextlib
 import io
@@ -13,8 +13,8 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct  # noqa: F401
-from torch_direct.pipeline import pyg_baseline
-from torch_direct.pipeline.models import GNN, have_pyg
+from torch_direct.gnn.pipeline import pyg_baseline
+from torch_direct.gnn.pipeline.models import GNN, have_pyg
 from common import TinyDatasetCase, requires_gpu
 
 FAST = ["--threads", "1", "--layers", "builtin", "--hidden", "32", "--batch-size", "256", "--no-progress",
@@ -23,7 +23,7 @@ ALL = ["unified", "cpu_centric", "gpu_resident", "pyg"]
 
 
 def bench(*argv):
-    from torch_direct.bench.__main__ import main
+    from torch_direct.gnn.bench.__main__ import main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -204,7 +204,7 @@ class TestPyGBaseline(_Tiny):
             self.assertEqual(a, b, atol=1e-5, rtol=1e-5)
 
     def run_pyg(self, counts, *extra):
-        from torch_direct.bench import train as bt
+        from torch_direct.gnn.bench import train as bt
         p = ArgumentParser()
         bt.add_arguments(p)
         args = p.parse_args(["--root", self.tmp.name, *FAST, "--device", "cpu", *extra])
@@ -244,7 +244,7 @@ class TestPyGBaseline(_Tiny):
                 self.assertAlmostEqual(v, expect * e["busy_s"][k] / sum(e["busy_s"].values()), places=9)
 
     def test_train_command_runs_the_pyg_pipeline(self):
-        from torch_direct.pipeline import train
+        from torch_direct.gnn.pipeline import train
         p = ArgumentParser()
         train.add_arguments(p)
         args = p.parse_args(["--root", self.tmp.name, *FAST, "--device", "cpu", "--pipeline", "pyg"])
@@ -312,13 +312,13 @@ class TestBenchTrainInput(TestCase):
             self.assertIn(opt, out)
 
     def test_default_out(self):
-        from torch_direct.bench import train as bt
+        from torch_direct.gnn.bench import train as bt
         p = ArgumentParser()
         bt.add_arguments(p)
         args = p.parse_args(["--dataset", "products-like"])
         self.assertEqual(args.epochs, 3)
         self.assertEqual((args.model, args.hidden, args.fanouts, args.batch_size), ("sage", 256, [15, 10, 5], 1024))
-        from torch_direct.bench.common import results_dir
+        from torch_direct.gnn.bench.common import results_dir
         self.assertEqual(bt.out_path(args), results_dir() / "train_products-like.json")
 
 

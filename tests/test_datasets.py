@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from torch_direct.graph import datasets, ogb
-from torch_direct.graph.datasets import PRESETS, NodeDataset, generate, load_dataset
+from torch_direct.gnn.graph import datasets, ogb
+from torch_direct.gnn.graph.datasets import PRESETS, NodeDataset, generate, load_dataset
 
 
 def linear_accuracy(features, y, train, test, num_classes):
@@ -149,7 +149,7 @@ class TestCli(TestCase):
         from contextlib import redirect_stderr, redirect_stdout
         from io import StringIO
 
-        from torch_direct.graph.__main__ import main
+        from torch_direct.gnn.graph.__main__ import main
         out, err = StringIO(), StringIO()
         with tempfile.TemporaryDirectory() as d, redirect_stdout(out), redirect_stderr(err):
             self.assertEqual(main(["tiny", "--root", d, "--quiet", "--seed", "5"]), 0)

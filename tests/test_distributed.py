@@ -16,9 +16,9 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct  # noqa: F401
 from common import HAS_GPU
-from torch_direct.bench.__main__ import main
-from torch_direct.graph import load_dataset
-from torch_direct.pipeline import PipelinedLoader, make_feature_store
+from torch_direct.gnn.bench.__main__ import main
+from torch_direct.gnn.graph import load_dataset
+from torch_direct.gnn.pipeline import PipelinedLoader, make_feature_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--dataset", "tiny", "--threads", "1", "--layers", "builtin", "--hidden", "32", "--batch-size", "256",
@@ -81,7 +81,7 @@ class TestTorchrun(TestCase):
         # whose defaults capture group.WORLD), gloo's worker threads would run into interpreter shutdown
         # and now and then abort the rank there ("terminate called without an active exception").
         code = ("import os, torch\n"
-                "from torch_direct.pipeline import distributed\n"
+                "from torch_direct.gnn.pipeline import distributed\n"
                 "tasks = lambda: len(os.listdir('/proc/self/task'))\n"
                 "before = tasks()\n"
                 "ctx = distributed.init('cpu')\n"
@@ -199,7 +199,7 @@ class TestScalingBench(TestCase):
             self.assertIn(f"| {r2['train_step_s']:.3f} | {r2['exposed_s']['sample']:.3f}/", out.getvalue())
 
     def test_speed_targets_per_count(self):
-        from torch_direct.bench.scaling import _speed_targets
+        from torch_direct.gnn.bench.scaling import _speed_targets
         self.assertEqual(_speed_targets("2:0.55,4:0.30,8:0.17"), {2: 0.55, 4: 0.30, 8: 0.17})
         self.assertEqual(_speed_targets("0.6"), {None: 0.6})
         for bad in ("x", "4:", "1:0.5", "2:0", "2:0.5,x"):
@@ -218,7 +218,7 @@ class TestSharedMemoryCheck(TestCase):
     def test_too_little_shm_is_a_clear_error_and_leaves_nothing(self):
         from unittest import mock
 
-        from torch_direct.pipeline import distributed
+        from torch_direct.gnn.pipeline import distributed
         ctx = distributed.Context(rank=0, world=2, local_rank=0, local_world=2, node=0,
                                   device=torch.device("cpu"), backend="gloo")
         with tempfile.TemporaryDirectory() as root:

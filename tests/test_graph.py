@@ -7,7 +7,7 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 from common import requires_gpu
-from torch_direct.graph import CSRGraph
+from torch_direct.gnn.graph import CSRGraph
 
 EDGES = torch.tensor([[0, 1, 2, 2, 3, 0],
                       [1, 2, 0, 1, 1, 1]])  # (0 -> 1) appears twice

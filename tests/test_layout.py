@@ -9,8 +9,8 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct  # noqa: F401
-from torch_direct.graph.sampler import seed_batches, seeds_per_shard
-from torch_direct.pipeline.timing import Timer, split_by_busy
+from torch_direct.gnn.graph.sampler import seed_batches, seeds_per_shard
+from torch_direct.gnn.pipeline.timing import Timer, split_by_busy
 
 PACKAGE = pathlib.Path(torch_direct.__file__).parent
 MAX_LINES = 400
@@ -65,7 +65,7 @@ class TestShape(TestCase):
 
     def test_the_check_sees_a_private_import(self):
         # The check above can fail: a module taking another folder's private name is caught.
-        probe = PACKAGE / "pipeline" / "_layout_probe_tmp.py"
+        probe = PACKAGE / "gnn" / "pipeline" / "_layout_probe_tmp.py"
         try:
             probe.write_text("from ..graph.csr import _host\nfrom .._backend import VEHICLE\n")
             self.assertEqual(len(private_imports(probe)), 2)

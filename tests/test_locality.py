@@ -11,10 +11,10 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct  # noqa: F401
-from torch_direct.graph import (CSRGraph, NeighborSampler, NodeDataset, Reordering, access_frequency,
+from torch_direct.gnn.graph import (CSRGraph, NeighborSampler, NodeDataset, Reordering, access_frequency,
                                 load_dataset, reorder)
-from torch_direct.graph.reorder import relabel_graph
-from torch_direct.pipeline import PipelinedLoader, make_feature_store
+from torch_direct.gnn.graph.reorder import relabel_graph
+from torch_direct.gnn.pipeline import PipelinedLoader, make_feature_store
 from common import TinyDatasetCase, requires_gpu
 
 
@@ -62,7 +62,7 @@ class TestReorder(TestCase):
                 self.assertEqual(ro.perm[ro.inv], torch.arange(n))
 
     def test_chunked_relabel(self):
-        mod = sys.modules["torch_direct.graph.reorder"]   # the module (the package exports the function)
+        mod = sys.modules["torch_direct.gnn.graph.reorder"]   # the module (the package exports the function)
         g = random_graph(50, 400, 4, edge_ids=True)
         whole, ro = reorder(g, "degree")
         saved = mod._EDGE_CHUNK
@@ -95,7 +95,7 @@ class TestReorder(TestCase):
         self.assertEqual(access_frequency(g, 2), torch.tensor([0.0, 2.5, 1.5, 0.5, 0.5]))
         sym = CSRGraph.from_edge_index(ei, 5, symmetrize=True, dedupe=True)
         self.assertEqual(access_frequency(sym), sym.degree().float())   # undirected: the degree
-        mod = sys.modules["torch_direct.graph.reorder"]
+        mod = sys.modules["torch_direct.gnn.graph.reorder"]
         big = random_graph(300, 5000, 2)
         whole = access_frequency(big, 5)
         saved = mod._EDGE_CHUNK
@@ -116,7 +116,7 @@ class TestReorder(TestCase):
         # On a directed graph whose row lengths are unrelated to how popular a node is as a
         # neighbour (as on the synthetic presets), a cache of the longest rows holds about its own
         # share of the reads; one ranked by access frequency holds far more (what --cache-mb uses).
-        from torch_direct.graph.datasets import Preset, generate
+        from torch_direct.gnn.graph.datasets import Preset, generate
         preset = Preset(20_000, 200_000, 8, 4, torch.float32, (0.5, 0.2, 0.3))
         with tempfile.TemporaryDirectory() as d:
             ds = generate("mid", seed=0, path=os.path.join(d, "mid"), show_progress=False, preset=preset)
@@ -190,7 +190,7 @@ class TestMergedGathers(_Tiny):
         if sampler_device is None:
             sampler = NeighborSampler(ds.graph, [5, 3], seed=3)
         else:
-            from torch_direct.graph import GPUNeighborSampler
+            from torch_direct.gnn.graph import GPUNeighborSampler
             sampler = GPUNeighborSampler(ds.graph.to("unified"), [5, 3], seed=3, device=sampler_device)
         with PipelinedLoader(sampler, store, ds.split["train"], 200, labels=ds.y, device=device,
                              generator=torch.Generator().manual_seed(1), **kw) as loader:
@@ -233,7 +233,7 @@ FAST = ["--threads", "1", "--layers", "builtin", "--hidden", "32", "--batch-size
 
 class TestAblation(_Tiny):
     def bench(self, *extra):
-        from torch_direct.bench.__main__ import main
+        from torch_direct.gnn.bench.__main__ import main
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -286,7 +286,7 @@ class TestAblation(_Tiny):
 
     def test_train_with_reorder_and_full_inference(self):
         from argparse import ArgumentParser
-        from torch_direct.pipeline import train
+        from torch_direct.gnn.pipeline import train
         p = ArgumentParser()
         train.add_arguments(p)
         recs = {}

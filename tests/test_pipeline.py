@@ -11,8 +11,8 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct  # noqa: F401
 from common import HAS_GPU, requires_gpu
-from torch_direct.graph import NeighborSampler, load_dataset
-from torch_direct.pipeline import KINDS, PipelinedLoader, make_feature_store, to_pyg, to_pyg_graph_store
+from torch_direct.gnn.graph import NeighborSampler, load_dataset
+from torch_direct.gnn.pipeline import KINDS, PipelinedLoader, make_feature_store, to_pyg, to_pyg_graph_store
 
 try:
     import torch_geometric  # noqa: F401
@@ -113,7 +113,7 @@ class TestFeatureStores(TestCase):
 
     @unittest.skipUnless(HAS_PYG, "torch_geometric is not installed")
     def test_pyg_graph_store(self):
-        from torch_direct.graph import CSRGraph
+        from torch_direct.gnn.graph import CSRGraph
         ei = torch.tensor([[0, 1, 2, 2, 3, 4], [1, 2, 0, 1, 0, 3]])
         g = CSRGraph.from_edge_index(ei, 5)
         for graph in (g, g.to("unified")):
@@ -344,7 +344,7 @@ class TestPipelinedLoader(TestCase):
 
     @requires_gpu
     def test_high_priority_streams_give_the_same_batches(self):
-        from torch_direct.graph import GPUNeighborSampler
+        from torch_direct.gnn.graph import GPUNeighborSampler
         store = make_feature_store("unified", self.ds.x, "cuda")
         for ahead in (False, True):
             epochs = {}
@@ -367,7 +367,7 @@ class TestPipelinedLoader(TestCase):
 
     @requires_gpu
     def test_gpu_batches_on_a_side_stream(self):
-        from torch_direct.graph import GPUNeighborSampler
+        from torch_direct.gnn.graph import GPUNeighborSampler
         for kind in KINDS:
             store = make_feature_store(kind, self.ds.x, "cuda")
             for ahead in (False, True):   # sampling on the producer's stream, or on a stream of its own

@@ -15,7 +15,7 @@ from unittest import mock
 
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from torch_direct import outputs as _io
+from torch_direct.gnn import outputs as _io
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
@@ -224,10 +224,10 @@ class TestWriteJson(TestCase):
 
     def test_command_line(self):
         main = types.ModuleType("__main__")
-        main.__spec__ = types.SimpleNamespace(name="torch_direct.bench.__main__")
+        main.__spec__ = types.SimpleNamespace(name="torch_direct.gnn.bench.__main__")
         with mock.patch.dict(sys.modules, {"__main__": main}), \
                 mock.patch.object(sys, "argv", ["/x/bench/__main__.py", "train", "--out", "a b.json"]):
-            self.assertEqual(_io.command_line(), "python -m torch_direct.bench train --out 'a b.json'")
+            self.assertEqual(_io.command_line(), "python -m torch_direct.gnn.bench train --out 'a b.json'")
         script = types.ModuleType("__main__")
         script.__spec__ = None
         with mock.patch.dict(sys.modules, {"__main__": script}), \

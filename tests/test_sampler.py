@@ -11,7 +11,7 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct
 from common import requires_gpu
-from torch_direct.graph import CSRGraph, GPUNeighborSampler, NeighborSampler
+from torch_direct.gnn.graph import CSRGraph, GPUNeighborSampler, NeighborSampler
 
 
 # Upper 0.1% points of the chi-square distribution (df: value).

@@ -14,8 +14,8 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 import torch_direct  # noqa: F401
 from common import requires_gpu
 from torch_direct.__main__ import main
-from torch_direct.graph import load_dataset
-from torch_direct.pipeline import batches, evaluation, models, train
+from torch_direct.gnn.graph import load_dataset
+from torch_direct.gnn.pipeline import batches, evaluation, models, train
 
 try:
     import torch_geometric  # noqa: F401
@@ -31,7 +31,7 @@ FAST = ["--threads", "1", "--layers", "builtin", "--hidden", "64", "--batch-size
 
 def train_sampled_batch(ds, fanouts, n: int = 64):
     """One CPU-sampled batch of ``n`` training seeds of ``ds``."""
-    from torch_direct.graph import NeighborSampler
+    from torch_direct.gnn.graph import NeighborSampler
     return NeighborSampler(ds.graph, fanouts, seed=0).sample(ds.split["train"][:n])
 
 
@@ -204,15 +204,15 @@ class TestTrain(TestCase):
 
     def small_model(self, layers: int, store_kind: str):
         """A seeded built-in GraphSAGE of ``layers`` layers (eval mode) and a CPU feature store."""
-        from torch_direct.pipeline import make_feature_store
+        from torch_direct.gnn.pipeline import make_feature_store
         torch.manual_seed(0)
         ds = self.ds
         model = models.GNN("sage", ds.num_features, 16, ds.num_classes, layers, use_pyg=False).eval()
         return ds, model, make_feature_store(store_kind, ds.x, "cpu")
 
     def test_layerwise_inference_equals_full_neighbourhood_batches(self):
-        from torch_direct.graph import NeighborSampler
-        from torch_direct.pipeline import PipelinedLoader
+        from torch_direct.gnn.graph import NeighborSampler
+        from torch_direct.gnn.pipeline import PipelinedLoader
         ds, model, store = self.small_model(2, "unified")
         logits = evaluation.layerwise_inference(model, ds.graph, store, torch.device("cpu"), chunk=700)
         ids = ds.split["test"][:300]

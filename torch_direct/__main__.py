@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     d.add_argument("--dim", type=int, default=128, help="floats per row (default: %(default)s)")
     d.add_argument("--batch", type=int, default=100_000, help="rows per gather (default: %(default)s)")
     d.add_argument("--repeats", type=int, default=20, help="timed gathers (default: %(default)s)")
-    from .pipeline import train
+    from .gnn.pipeline import train
     t = sub.add_parser("train", help="train a GNN over the pipelined loader", description=train.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_arguments(t)

@@ -1,0 +1,20 @@
+"""What the probes in experiments/ share: writing their JSON record, and running as a command with
+bad input reported as one line and exit status 2 (as ``python -m torch_direct`` does)."""
+import sys
+from pathlib import Path
+
+
+def write_record(path, record: dict) -> None:
+    """Write ``record`` as JSON to ``path`` as the package writes its records (atomically, its
+    folder made first, with a provenance object: commit, machine, command)."""
+    from torch_direct.gnn.outputs import write_json
+    write_json(Path(path), record)
+
+
+def run(name: str, main) -> None:
+    """``main()``, with ValueError / RuntimeError / FileNotFoundError as ``name: error: ...``, exit 2."""
+    try:
+        main()
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,254 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
+# extension: the end-to-end pipeline figures, in one call.
+#
+#   bash experiments/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|floor-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
+#
+# - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
+#   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
+#   only: PyG would send the min/max scatters of CUDA tensors, as in GAT, to a
+#   torch_scatter it can import, and a CPU-only one fails there): the wheels in .whl/ when an earlier run built them
+#   (copy them there from its $OUT/wheels), else built from the sdists in
+#   .whl/sdist, every extension module compiled at once (`build_ext -j`: pip
+#   builds them one after another, which took more than 8 minutes for
+#   torch-sparse), each wheel written to $OUT/wheels as soon as it is built.
+# - products: `bench train` on products-like (unified, cpu_centric,
+#   gpu_resident, and pyg once its wheels are installed), then unified and
+#   gpu_resident with `--graph gpu`, then unified with `--graph gpu --sample-ahead` and with
+#   `--graph gpu --gather-sms 66` and `33` (products-overlap: these alone, without the
+#   four-pipeline run, whose PyG row takes about 6 minutes).
+# - products-ablation: `bench train-ablation` on products-like (every lever).
+# - papers: papers100M-like generated (timed), then `bench train` unified with
+#   the CSR in host memory, with `--graph gpu`, and with `--graph gpu --sample-ahead
+#   --gather-sms 66`.
+# - scaling: papers100M-like generated (unless it is there), then `bench scaling` on 1, 2, 4 and 8
+#   GPUs, as many as the machine has (CSR in host memory), then on 1 and all of them with `--graph gpu`
+#   (issues 6 and 7: results/scaling_papers100M-like*.json/.png).
+# - profile: `train --profile` on both (the top operators of 20 training steps).
+# - papers-levers: papers100M-like, unified with the CSR on the GPU, with the hybrid gather
+#   (`--gather-cpu-threads 16`: as many as torch's threads on that machine, so that the CPU share
+#   goes to index_select), an 8 GiB cache of the hottest rows, and both (LEVERS_BASELINE=1: the plain
+#   `--graph gpu` run first, in the same call; LEVERS_NO_CACHE_ALONE=1: without the cache-only run).
+# - papers-hybrid: papers100M-like, CSR on the GPU: gpu_resident (the floor without host reads), then
+#   unified with the hybrid gather on 8 and 12 CPU threads (HYBRID_THREADS), then 12 with --sample-ahead.
+# - papers-data: papers100M-like generated (up to 400 s: in a call of its own, before the
+#   papers-* steps, which otherwise generate it first on a fresh machine).
+# - papers-all: papers100M-like, CSR on the GPU, every locality lever at once (`--reorder degree
+#   --merge-gathers --cache-mb 8192`: on products-like together 1.31x, on papers100M-like not yet
+#   run); papers-all-ahead: the same with --sample-ahead (sampling beside the gather since the
+#   gathers let go of the GIL). One call each: reordering copies the 36 GB table.
+# - papers-cache: papers100M-like, CSR on the GPU, unified with an 8 GiB cache (ranked by access
+#   frequency; runs before this step ranked it by row length), alone and with --reorder frequency
+#   --merge-gathers, 12 hybrid threads and --sample-ahead (PAPERS_CACHE_ALONE=0: only the latter).
+# - papers-gpu-resident: papers100M-like, CSR on the GPU, gpu_resident alone (the floor of every
+#   feature path).
+# - products-cache: products-like, CSR on the GPU: gpu_resident, then unified with --reorder frequency
+#   --sample-ahead and a GPU cache of the hottest rows of each budget in CACHE_MB_LIST (MiB, default
+#   0 128 256 512; the table is 0.98 GB).
+# - floor-probe: experiments/step_floor_probe.py on papers100M-like, CSR on the GPU, per precision
+#   (PROBE_PRECISIONS, default fp32,tf32,bf16; PROBE_BATCHES per part, default 200; PROBE_LIMIT s; PROBE_LAYERS, PROBE_WAITS,
+#   PROBE_PRIORITIES narrow the other three), layer implementation (PyG's, built-in) and the
+#   sampler's host waits (TORCH_DIRECT_SAMPLER_WAITS default and fewer) and the loader's stream
+#   priority (normal, high): the GPU
+#   sampler, the gather from GPU memory and the training step, each alone and then together in
+#   gpu_resident's loader (with and without --sample-ahead), in ms per batch: what sets the 5.1 s
+#   floor of gpu_resident's epoch.
+# - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with each of our read kernels,
+#   TORCH_DIRECT_GATHER_KERNEL=grid (grid-stride, windowed) then =rowblock (one block per row, the
+#   default on tables of 8 GiB and more).
+# - gather-shapes: experiments/gather_shape_probe.py (CuPy read kernels of other shapes against stock
+#   index_select on a sorted index, 32 GB table).
+# - gather-probes: experiments/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
+#   then `bench gather` on a 32 GB table, 400K random indices, rows of 128-1024 B.
+# Everything is logged under $OUT; each step has its own time limit. A call that runs several
+# steps writes more files than the device tool brings back (eight): end it with
+# `bash experiments/device_bundle.sh`, which packs them into one archive.
+set -u
+OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT/wheels"
+R="$PWD"
+what="${1:-all}"
+DATA="${TORCH_DIRECT_DATA:-/tmp/td_data}"
+export PYTHONUNBUFFERED=1
+
+build_pyg_wheels() {
+  # Wheels fetched back from an earlier device run and carried in .whl/ are
+  # installed as they are; only the missing ones are built.
+  for pkg in torch_scatter torch_sparse; do
+    if ls "$R"/.whl/"$pkg"-*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site/pyg "$R"/.whl/"$pkg"-*.whl
+      echo "$pkg: prebuilt wheel from .whl" >> "$OUT/pyg_wheels.log"; continue
+    fi
+    sd=$(ls "$R"/.whl/sdist/"$pkg"-*.tar.gz 2>/dev/null | head -1)
+    [ -n "$sd" ] || { echo "$pkg: no sdist in .whl/sdist" >> "$OUT/pyg_wheels.log"; continue; }
+    d=$(mktemp -d) && tar xzf "$sd" -C "$d" && src=$(ls -d "$d"/*/)
+    # `build_ext -j` builds the extension modules in parallel, but with ninja
+    # they all write one build.ninja in the same temp directory and clobber
+    # each other (torch_sparse failed so); without ninja each module compiles
+    # its own few files.
+    sed -i 's/with_options(no_python_abi_suffix=True)/with_options(no_python_abi_suffix=True, use_ninja=False)/' "$src/setup.py"
+    (cd "$src" && FORCE_ONLY_CPU=1 timeout 300 python3 setup.py -q build_ext -j 16 bdist_wheel -d "$OUT/wheels") \
+      >> "$OUT/pyg_wheels.log" 2>&1
+    echo "$(basename "$sd"): rc=$? $(date +%T)" >> "$OUT/pyg_wheels.log"
+    # torch_sparse imports torch_scatter: install each as soon as it exists.
+    ls "$OUT"/wheels/"$pkg"-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site/pyg "$OUT"/wheels/"$pkg"-*.whl
+  done
+}
+
+run_bench() {  # subcommand, name, limit, args...: $OUT/<subcommand>_<name>.json and .log
+  local cmd=$1 name=$2 limit=$3; shift 3
+  local t0; t0=$(date +%s)
+  PYTHONPATH=/tmp/site/pyg:/tmp/site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" python3 -m torch_direct.gnn.bench "$cmd" \
+    --root "$DATA" --no-progress --out "$OUT/${cmd}_$name.json" "$@" > "$OUT/${cmd}_$name.log" 2>&1
+  echo "$cmd $name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
+  tail -12 "$OUT/${cmd}_$name.log"
+}
+bench() { run_bench train "$@"; }  # name, limit, args...
+
+papers_data() {
+  local t0; t0=$(date +%s)
+  timeout 400 python3 -m torch_direct.gnn.graph papers100M-like --root "$DATA" --quiet > "$OUT/papers_gen.log" 2>&1
+  echo "papers100M-like generation: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
+}
+
+papers_data_once() {  # generated once a machine
+  [ -f "$DATA/papers100M-like-seed0/meta.json" ] || papers_data
+}
+
+# unified on products-like with the GPU sampler on a GPU copy of the CSR, and the loader's ways
+# of overlapping its work with the training step (docs/pipeline.md)
+products_overlap() {
+  # with full-neighbourhood test accuracy beside the sampled one (the sampled-inference target)
+  bench products-like_graph-gpu 150 --dataset products-like --epochs 2 --pipelines unified,gpu_resident --graph gpu \
+    --test-nodes 100000 --full-eval
+  # sampling in its own thread and stream: with the CSR in host memory its reads compete with
+  # the gather's for PCIe (1.92 s against 1.81 without); with a GPU copy they do not
+  bench products-like_graph-gpu_sample-ahead 60 --dataset products-like --epochs 2 --pipelines unified \
+    --graph gpu --sample-ahead --test-nodes 100000
+  # the gather kernel on half or a quarter of the 132 SMs: the training step's kernels get the rest
+  for sms in 66 33; do
+    bench products-like_graph-gpu_gather-sms$sms 60 --dataset products-like --epochs 2 --pipelines unified \
+      --graph gpu --gather-sms $sms --test-nodes 100000
+  done
+  bench products-like_graph-gpu_sample-ahead_gather-sms66 60 --dataset products-like --epochs 2 \
+    --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000
+}
+
+# bench scaling on papers100M-like: the 1-GPU baseline in the same run as every larger count
+scaling() {
+  papers_data_once
+  local n counts=1; n=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+  for k in 2 4 8; do [ "$k" -le "$n" ] && counts="$counts,$k"; done
+  run_bench scaling papers100M-like 330 --dataset papers100M-like --epochs 2 --nproc "$counts" \
+    --test-nodes 100000 --timeout 150 --plot "$OUT/scaling_papers100M-like.png"
+  [ "$n" -gt 1 ] && run_bench scaling papers100M-like_graph-gpu 200 --dataset papers100M-like --epochs 2 \
+    --nproc "1,$n" --graph gpu --test-nodes 100000 --timeout 120 --plot "$OUT/scaling_papers100M-like_graph-gpu.png"
+}
+
+case "$what" in
+  pyg-wheels) build_pyg_wheels ;;
+  products|all)  # every pipeline (PyG's wheels first: a compile beside the benchmark would take
+    # the CPU its pipelines use)
+    build_pyg_wheels
+    # products-like's test split is 2.2M nodes: PyG's loader alone would take minutes to infer them
+    # all, so every pipeline reports test accuracy over the same fixed 100K of them.
+    bench products-like 400 --dataset products-like --epochs 2 --pipelines unified,cpu_centric,gpu_resident,pyg \
+      --pyg-workers 16 --test-nodes 100000
+    products_overlap ;;
+  products-overlap) products_overlap ;;
+  gather-probes)  # the gather's open questions (docs/gather.md): the hybrid's split, then the
+    # hybrid target's points (32 GB table, 400K random indices) of bench gather
+    (cd experiments && PROBE_ROWS=128,256,512,1024 timeout 200 python3 hybrid_probe.py "$OUT/hybrid_probe.json") 2>&1 \
+      | tee "$OUT/gather_probes.log"
+    timeout 240 python3 -m torch_direct.gnn.bench gather --table-gb 32 --row-bytes 128,256,512,1024 --indices 400000 \
+      --orders random --dtypes fp32 --out "$OUT/gather_32gb.json" 2>&1 | tee -a "$OUT/gather_probes.log" | tail -25 ;;
+  gather-kernels)  # our read kernel's two launch geometries, same table, one process each (docs/gather.md)
+    for k in grid rowblock; do
+      TORCH_DIRECT_GATHER_KERNEL=$k timeout 150 python3 -m torch_direct.gnn.bench gather --table-gb 32 \
+        --row-bytes 128,256,512,1024 --indices 400000 --orders random --dtypes fp32 --methods naive_uva_sorted,memcpy \
+        --out "$OUT/gather_32gb_kernel-$k.json" 2>&1 | tee -a "$OUT/gather_kernels.log" | grep -E 'vs naive_uva_sorted|target'
+    done ;;
+  gather-shapes)  # which shape of read kernel reaches stock index_select's rate (docs/gather.md)
+    (cd experiments && timeout 240 python3 gather_shape_probe.py "$OUT/gather_shape_probe.json") 2>&1 | tee "$OUT/gather_shapes.log" ;;
+  papers-levers)  # the levers on the gather's PCIe time, papers100M-like, CSR on the GPU (the <= 4 s target)
+    papers_data_once
+    [ -n "${LEVERS_BASELINE:-}" ] && bench papers100M-like_graph-gpu 170 --dataset papers100M-like --epochs 2 \
+      --pipelines unified --graph gpu --test-nodes 100000
+    bench papers100M-like_graph-gpu_hybrid 170 --dataset papers100M-like --epochs 2 --pipelines unified \
+      --graph gpu --gather-cpu-threads 16 --test-nodes 100000
+    [ -z "${LEVERS_NO_CACHE_ALONE:-}" ] && bench papers100M-like_graph-gpu_cache8g 170 --dataset papers100M-like \
+      --epochs 2 --pipelines unified --graph gpu --cache-mb 8192 --test-nodes 100000
+    bench papers100M-like_graph-gpu_cache8g_hybrid 170 --dataset papers100M-like --epochs 2 --pipelines unified \
+      --graph gpu --cache-mb 8192 --gather-cpu-threads 16 --test-nodes 100000 ;;
+  papers-hybrid)  # the hybrid gather with fewer CPU threads than cores (the training loop keeps
+    # some), alone and with sampling in its own thread and stream (docs/pipeline.md)
+    papers_data_once
+    # the floor without host reads: the features (36 GB) fit the H200
+    bench papers100M-like_graph-gpu_gpu-resident 150 --dataset papers100M-like --epochs 2 \
+      --pipelines gpu_resident --graph gpu --test-nodes 100000
+    for t in ${HYBRID_THREADS:-8 12}; do
+      bench papers100M-like_graph-gpu_hybrid$t 150 --dataset papers100M-like --epochs 2 --pipelines unified \
+        --graph gpu --gather-cpu-threads "$t" --test-nodes 100000
+    done
+    bench papers100M-like_graph-gpu_hybrid12_sample-ahead 150 --dataset papers100M-like --epochs 2 \
+      --pipelines unified --graph gpu --gather-cpu-threads 12 --sample-ahead --test-nodes 100000 ;;
+  products-cache)  # unified's epoch against the GPU cache's budget, with the levers that helped
+    # (reorder by degree, sampling ahead; merged gathers cost time once the cache serves most rows),
+    # beside gpu_resident in the same call (the 1.15x target on products-like; docs/pipeline.md)
+    bench products-like_graph-gpu_gpu-resident 60 --dataset products-like --epochs 2 --pipelines gpu_resident \
+      --graph gpu --test-nodes 20000
+    for mb in ${CACHE_MB_LIST:-0 128 256 512}; do
+      bench products-like_graph-gpu_reorder_sample-ahead_cache$mb 60 --dataset products-like --epochs 2 \
+        --pipelines unified --graph gpu --reorder frequency --sample-ahead --cache-mb "$mb" --test-nodes 20000
+    done ;;
+  papers-cache)  # the 8 GiB cache ranked by access frequency (earlier runs ranked it by row length: 30%
+    # of lookups hit, its share of the rows), alone and with every lever, the hybrid and sampling ahead
+    papers_data_once
+    [ "${PAPERS_CACHE_ALONE:-1}" = 1 ] && bench papers100M-like_graph-gpu_cache8g 170 --dataset papers100M-like \
+      --epochs 2 --pipelines unified --graph gpu --cache-mb 8192 --test-nodes 100000
+    bench papers100M-like_graph-gpu_all-levers-freq_hybrid12_sample-ahead 200 --dataset papers100M-like \
+      --epochs 2 --pipelines unified --graph gpu --reorder frequency --merge-gathers --cache-mb 8192 \
+      --gather-cpu-threads 12 --sample-ahead --test-nodes 100000 ;;
+  papers-data) papers_data_once ;;
+  papers-gpu-resident)  # the floor without host reads (the features fit the H200)
+    papers_data_once
+    bench papers100M-like_graph-gpu_gpu-resident 150 --dataset papers100M-like --epochs 2 \
+      --pipelines gpu_resident --graph gpu --test-nodes 100000 ;;
+  floor-probe)  # what sets gpu_resident's epoch on papers100M-like: sampler, gather and step alone and
+    # together, per precision (experiments/step_floor_probe.py; docs/pipeline.md)
+    # (one process: the data set is loaded to the GPU once for every precision)
+    papers_data_once
+    timeout "${PROBE_LIMIT:-300}" python3 experiments/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
+      --batches "${PROBE_BATCHES:-200}" --precision "${PROBE_PRECISIONS:-fp32,tf32,bf16}" --layers "${PROBE_LAYERS:-pyg,builtin}" \
+      --sampler-waits "${PROBE_WAITS:-default,fewer}" --loader-priority "${PROBE_PRIORITIES:-normal,high}" \
+      --no-progress \
+      --out "$OUT/floor_probe_papers100M-like.json" \
+      > "$OUT/floor_probe.log" 2>&1
+    echo "floor-probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -50 "$OUT/floor_probe.log" ;;
+  papers-all)  # every locality lever on papers100M-like (the <= 4 s target)
+    papers_data_once
+    bench papers100M-like_graph-gpu_all-levers 400 --dataset papers100M-like --epochs 2 --pipelines unified \
+      --graph gpu --reorder degree --merge-gathers --cache-mb 8192 --test-nodes 100000 ;;
+  papers-all-ahead)  # the same with sampling ahead, on its own stream
+    papers_data_once
+    bench papers100M-like_graph-gpu_all-levers_sample-ahead 400 --dataset papers100M-like --epochs 2 \
+      --pipelines unified --graph gpu --reorder degree --merge-gathers --cache-mb 8192 --sample-ahead \
+      --test-nodes 100000 ;;
+  scaling) scaling ;;
+  profile)  # what a training step spends its time on (products-like and papers100M-like, unified)
+    for ds in products-like papers100M-like; do
+      timeout 150 python3 -m torch_direct train --root "$DATA" --dataset "$ds" --epochs 1 --no-progress \
+        --test-nodes 1000 --profile "$OUT/profile_$ds.txt" > "$OUT/profile_$ds.log" 2>&1
+      echo "profile $ds: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; head -30 "$OUT/profile_$ds.txt"
+    done ;;
+  products-ablation)
+    run_bench train-ablation products-like 300 --dataset products-like --epochs 2 --cache-mb 256 ;;
+  papers)
+    papers_data
+    # test accuracy over a fixed 100K of the test split, as on products-like
+    bench papers100M-like 170 --dataset papers100M-like --epochs 2 --pipelines unified --test-nodes 100000
+    bench papers100M-like_graph-gpu 170 --dataset papers100M-like --epochs 2 --pipelines unified --graph gpu \
+      --test-nodes 100000
+    [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
+      --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, floor-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
+esac

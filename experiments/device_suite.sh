@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (device tool): build the extension, then run every
+# test file (or the files given as arguments) with a time limit each. Logs and
+# a one-line-per-file summary go to $OUT (default ./device_out).
+set -u
+OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+# Wheels the machine lacks (no network there), but not the CPU-only torch-scatter
+# and torch-sparse that experiments/device_pipeline.sh builds for PyG's NeighborLoader:
+# with torch_scatter importable, PyG sends the min/max scatters of CUDA tensors
+# (GAT's softmax) to it, and a CPU-only build fails there.
+wheels=$(ls .whl/*.whl 2>/dev/null | grep -v -E '/torch_(scatter|sparse)-')
+if [ -n "$wheels" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+t0=$(date +%s)
+if ! MAX_JOBS=${MAX_JOBS:-$(nproc)} python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; exit 1
+fi
+echo "build: $(( $(date +%s) - t0 )) s"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, torch_direct; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'built_with_cuda', torch_direct.built_with_cuda())" | tee -a "$OUT/gpu.txt"
+files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_*.py)
+for f in "${files[@]}"; do
+  name=$(basename "$f" .py)
+  s=$(date +%s)
+  timeout "${PER_FILE_TIMEOUT:-300}" python3 -m pytest -q -rs -p no:cacheprovider "$f" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - s ))s :: $(tail -1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
+  # One file of logs, appended as each file ends (the device tool brings back
+  # a few files only, and a call cut short still returns what was written).
+  { echo "===== $name"; grep -v "^Extension modules" "$OUT/$name.log"; } >> "$OUT/tests_all.log"
+  rm -f "$OUT/$name.log"
+done

@@ -1,0 +1,230 @@
+"""Device-side experiment: what sets gpu_resident's epoch, the floor no feature path can beat.
+
+On papers100M-like, gpu_resident (features in GPU memory) takes 5.1 s an epoch while its
+training steps take 2.8-2.9 s of GPU time when they run alone (docs/pipeline.md). This
+splits a fixed number of batches into its parts, each timed by wall clock with the GPU
+synchronised at both ends, on the same batches and model:
+
+  sample     the GPU sampler alone, batch after batch on a stream of its own
+  gather     each sampled batch's feature rows read from GPU memory (index_select)
+  step       the training step alone (forward, loss, backward, Adam) over batches sampled and
+             gathered beforehand, cycled (--cached of them)
+  together   gpu_resident's pipelined loader feeding the steps, as `train` runs it
+  together_ahead   the same with --sample-ahead (sampling in a thread and stream of its own)
+
+and reports milliseconds per batch, with together / (sample + gather + step) (1.0: the loader
+overlaps nothing; (max part) / (sum of parts): perfect overlap). Runs on the CPU too (a check
+of the tool, not a measurement).
+
+    python experiments/step_floor_probe.py --dataset papers100M-like --graph gpu --precision fp32,tf32,bf16 \\
+        --out probe.json
+"""
+import argparse
+import itertools
+import os
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _cli import run, write_record  # noqa: E402
+
+from torch_direct.gnn.graph import GPUNeighborSampler, load_dataset  # noqa: E402
+from torch_direct.gnn.progress import progress  # noqa: E402
+from torch_direct.gnn.pipeline.features import make_feature_store  # noqa: E402
+from torch_direct.gnn.pipeline.loader import STREAM_PRIORITIES, PipelinedLoader  # noqa: E402
+from torch_direct.gnn.pipeline.batches import graph_to_gpu  # noqa: E402
+from torch_direct.gnn.pipeline.models import (GNN, LAYERS, MODELS, PRECISIONS, check_precision,  # noqa: E402
+                                          make_optimizer, model_precision, use_pyg_for)
+from torch_direct.gnn.pipeline.options import fanout_list, resolve_device  # noqa: E402
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--dataset", default="tiny", help="a preset or OGB name, as for train (default: %(default)s)")
+    p.add_argument("--root", default=None, help="data set directory (default: train's)")
+    p.add_argument("--device", default=None, help="cuda[:k] or cpu (default: cuda when usable)")
+    p.add_argument("--graph", choices=("gpu", "unified"), default="gpu",
+                   help="where the GPU sampler reads the CSR (default: %(default)s)")
+    p.add_argument("--batches", type=int, default=200, help="batches timed per part (default: %(default)s)")
+    p.add_argument("--cached", type=int, default=20,
+                   help="batches sampled and gathered beforehand for the step-alone part (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="batches sampled, gathered and trained on before each run's timing (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default: %(default)s)")
+    p.add_argument("--fanouts", type=fanout_list, default=[15, 10, 5], help="as for train (default: 15,10,5)")
+    p.add_argument("--hidden", type=int, default=256, help="hidden width (default: %(default)s)")
+    p.add_argument("--model", choices=MODELS, default="sage", help="as for train (default: %(default)s)")
+    p.add_argument("--layers", type=_choices("layers", LAYERS), default=["auto"],
+                   help="comma-separated layer implementations, as for train: pyg = PyG's convs, builtin = the "
+                        "plain-torch GraphSAGE (less Python per step); each is measured with each --precision "
+                        "(default: auto)")
+    p.add_argument("--precision", type=_choices("precisions", PRECISIONS), default=["fp32"],
+                   help="comma-separated precisions (fp32, tf32, bf16, as for train), each measured in turn on "
+                        "the data loaded once, with a fresh model of the same seed (default: fp32)")
+    p.add_argument("--sampler-waits", type=_choices("settings", ("default", "fewer")), default=["default"],
+                   help="comma-separated settings of TORCH_DIRECT_SAMPLER_WAITS for the GPU sampler: default = "
+                        "two host waits per hop and the seeds checked first; fewer = one wait per hop (the same "
+                        "batches); each is measured with each layer implementation and precision (default: default)")
+    p.add_argument("--loader-priority", type=_choices("priorities", STREAM_PRIORITIES), default=["normal"],
+                   help="comma-separated priorities of the loader's CUDA streams in the together parts, as "
+                        "train's --loader-priority (default: normal)")
+    p.add_argument("--out", type=Path, default=None, help="write the JSON record here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    a = p.parse_args(argv)
+    for name in ("batches", "cached", "batch_size", "hidden", "warmup"):
+        if getattr(a, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    return a
+
+
+def _choices(what: str, allowed):
+    def parse(text: str) -> list[str]:
+        out = [v.strip() for v in text.split(",") if v.strip()]
+        if not out or any(v not in allowed for v in out):
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what} among {', '.join(allowed)}, "
+                                             f"got {text!r}")
+        return out
+    return parse
+
+
+def timed(device, fn):
+    """Seconds of ``fn()``, the device synchronised before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def measure(precision, layers, priority, ds, device, sampler, store, labels, batches, seeds, a, show) -> dict:
+    """Milliseconds per batch of each part with a fresh model of ``layers`` in ``precision``."""
+    n_batches = len(batches)
+    torch.manual_seed(0)
+    use_pyg = use_pyg_for(layers)
+    model = GNN(a.model, ds.num_features, a.hidden, ds.num_classes, len(a.fanouts), use_pyg=use_pyg,
+                precision=precision).to(device)
+    opt = make_optimizer(model, 3e-3)
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+    on_side = (lambda: torch.cuda.stream(side)) if side is not None else nullcontext  # noqa: E731
+
+    def step(x, adjs, y):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x, adjs), y, ignore_index=-1)
+        loss.backward()
+        opt.step()
+
+    parts, sampled = {}, []
+    with model_precision(precision, device):
+        # warm-up: a few batches through every part (allocator, kernels, autotuning, PyG's first calls)
+        for s in batches[:a.warmup]:
+            sb = sampler.sample(s)
+            step(store.gather(sb.n_id, device), sb.adjs, labels[sb.n_id[:sb.batch_size]])
+
+        def sample_all():
+            with on_side(), progress(n_batches, f"{precision} sample", show) as bar:
+                for s in batches:
+                    sampled.append(sampler.sample(s))
+                    bar.update(1)
+        parts["sample"] = timed(device, sample_all)
+
+        def gather_all():
+            with on_side():
+                for sb in sampled:
+                    store.gather(sb.n_id, device)
+        parts["gather"] = timed(device, gather_all)
+
+        cached = []
+        for sb in sampled[:a.cached]:
+            cached.append((store.gather(sb.n_id, device), sb.adjs, labels[sb.n_id[:sb.batch_size]]))
+        sampled.clear()
+
+        def steps_alone():
+            with progress(n_batches, f"{precision} step", show) as bar:
+                for i in range(n_batches):
+                    step(*cached[i % len(cached)])
+                    bar.update(1)
+        parts["step"] = timed(device, steps_alone)
+        cached.clear()   # the cached batches go before the pipelined parts
+
+        for name, ahead in (("together", False), ("together_ahead", True)):
+            loader = PipelinedLoader(sampler, store, seeds, a.batch_size, labels=labels, device=device,
+                                     prefetch=2, shuffle=False, sample_ahead=ahead, stream_priority=priority)
+
+            def pipelined():
+                with loader, progress(n_batches, f"{precision} {name}", show) as bar:
+                    for b in loader:
+                        step(b.x, b.adjs, b.y)
+                        bar.update(1)
+            parts[name] = timed(device, pipelined)
+    ms = {k: v / n_batches * 1e3 for k, v in parts.items()}
+    alone = ms["sample"] + ms["gather"] + ms["step"]
+    return {"precision": precision, "layers": model.backend, "ms_per_batch": ms,
+            "together_over_sum": ms["together"] / alone, "together_ahead_over_sum": ms["together_ahead"] / alone,
+            "max_part_over_sum": max(ms["sample"], ms["gather"], ms["step"]) / alone}
+
+
+def main(argv=None):
+    a = parse(argv)
+    device = resolve_device(a.device)
+    for precision in a.precision:                 # before any data is loaded
+        check_precision(precision, device)
+    show = not a.no_progress
+    ds = load_dataset(a.dataset, root=a.root, show_progress=show)
+    train_ids = ds.split["train"]
+    n_batches = min(a.batches, train_ids.numel() // a.batch_size)
+    if n_batches < 1:
+        raise ValueError(f"{a.dataset}'s {train_ids.numel()} training nodes make no batch of {a.batch_size}")
+    seeds = train_ids[torch.randperm(train_ids.numel(), generator=torch.Generator().manual_seed(0))]
+    seeds = seeds[:n_batches * a.batch_size]
+    batches = [seeds[i * a.batch_size:(i + 1) * a.batch_size] for i in range(n_batches)]
+
+    if device.type == "cuda":
+        graph = graph_to_gpu(ds.graph, device) if a.graph == "gpu" else ds.graph.to("unified")
+    else:
+        graph = ds.graph
+    sampler = GPUNeighborSampler(graph, a.fanouts, seed=0, device=device)
+    store = make_feature_store("gpu_resident", ds.x, device, torch.float32)
+    labels = ds.y.to(device)
+    record = {"tool": "step_floor_probe", "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+              "device": str(device), "graph_device": str(graph.device), "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+              "batches": n_batches, "runs": []}
+    print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
+          f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, CSR on {graph.device}, {device}", flush=True)
+    waits_before = os.environ.get("TORCH_DIRECT_SAMPLER_WAITS")
+    for waits, priority, layers, precision in itertools.product(a.sampler_waits, a.loader_priority, a.layers,
+                                                               a.precision):
+        os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = waits   # read by the sampler on each call
+        try:
+            run = measure(precision, layers, priority, ds, device, sampler, store, labels, batches, seeds, a, show)
+        finally:
+            if waits_before is None:
+                os.environ.pop("TORCH_DIRECT_SAMPLER_WAITS", None)
+            else:
+                os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = waits_before
+        run["sampler_waits"], run["loader_priority"] = waits, priority
+        record["runs"].append(run)
+        print(f" {run['layers']} layers, {precision}, sampler waits {waits}, loader priority {priority}:")
+        for k, v in run["ms_per_batch"].items():
+            print(f"  {k:15s} {v:8.3f} ms/batch")
+        print(f"  together / (sample + gather + step) = {run['together_over_sum']:.2f} (sample ahead: "
+              f"{run['together_ahead_over_sum']:.2f}; perfect overlap: {run['max_part_over_sum']:.2f})", flush=True)
+        if a.out:   # rewritten after each run: a call cut short keeps what it measured
+            write_record(a.out, record)
+    if a.out:
+        print(f"wrote {a.out}")
+    return record
+
+
+if __name__ == "__main__":
+    run("step_floor_probe", main)

@@ -1,0 +1,82 @@
+"""The device probes in experiments/ that the device steps run: their plumbing works on the CPU, so a
+device call is not spent finding a broken option (the measurements themselves need the GPU)."""
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def probe(*args):
+    return subprocess.run([sys.executable, str(REPO / "experiments" / "step_floor_probe.py"), *args],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+class TestStepFloorProbe(TestCase):
+    def test_runs_every_part_and_writes_json(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "probe" / "p.json"
+            r = probe("--root", d, "--device", "cpu", "--batches", "3", "--cached", "2", "--batch-size", "128",
+                      "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "bf16",
+                      "--layers", "builtin", "--sampler-waits", "default,fewer", "--loader-priority", "high",
+                      "--out", str(out))
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            rec = json.loads(out.read_text())
+            self.assertEqual(rec["batches"], 3)
+            self.assertEqual([(run["sampler_waits"], run["loader_priority"], run["layers"], run["precision"])
+                              for run in rec["runs"]],
+                             [("default", "high", "builtin", "bf16"), ("fewer", "high", "builtin", "bf16")])
+            for run in rec["runs"]:
+                ms = run["ms_per_batch"]
+                self.assertEqual(set(ms), {"sample", "gather", "step", "together", "together_ahead"})
+                self.assertTrue(all(v > 0 for v in ms.values()), ms)
+                parts = [ms[k] for k in ("sample", "gather", "step")]
+                self.assertAlmostEqual(run["max_part_over_sum"], max(parts) / sum(parts))
+            self.assertEqual(r.stdout.count("together / (sample + gather + step)"), 2)
+
+    def test_bad_input(self):
+        with tempfile.TemporaryDirectory() as d:
+            for args, msg in ((["--dataset", "nope"], "unknown data set"),
+                              (["--device", "cpu", "--precision", "tf32"], "needs a CUDA device"),
+                              (["--batches", "0"], "--batches must be positive"),
+                              (["--precision", "fp32,fp8"], "expected comma-separated precisions"),
+                              (["--layers", "dgl"], "expected comma-separated layers"),
+                              (["--sampler-waits", "none"], "expected comma-separated settings"),
+                              (["--loader-priority", "low"], "expected comma-separated priorities"),
+                              (["--device", "cpu", "--batch-size", "100000"], "make no batch of 100000")):
+                r = probe("--root", d, "--no-progress", *args)
+                self.assertEqual(r.returncode, 2, msg=f"{args}: {r.stderr[-500:]}")
+                self.assertIn(msg, r.stderr)
+            self.assertEqual(list(Path(d).glob("*.json")), [])
+
+
+class TestCacheRankProbe(TestCase):
+    def test_shares_of_the_reads(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "c.json"
+            r = subprocess.run([sys.executable, str(REPO / "experiments" / "cache_rank_probe.py"), "--root", d,
+                                "--dataset", "tiny", "--batch-size", "64", "--batches", "5",
+                                "--fractions", "0.1,0.5,1", "--out", str(out)],
+                               capture_output=True, text=True, timeout=600, cwd=REPO)
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            rec = json.loads(out.read_text())
+            self.assertEqual(set(rec["held"]), {"0.1", "0.5", "1.0"})
+            for frac, held in rec["held"].items():
+                self.assertEqual(set(held), {"degree", "frequency", "access", "oracle"})
+                for name, v in held.items():   # no ranking beats the reads themselves
+                    self.assertLessEqual(v, held["oracle"] + 1e-12, msg=f"{frac} {name}")
+                    self.assertGreater(v, 0.0)
+            self.assertEqual(rec["held"]["1.0"], {k: 1.0 for k in rec["held"]["1.0"]})   # every row cached
+            r = subprocess.run([sys.executable, str(REPO / "experiments" / "cache_rank_probe.py"), "--fractions", "0,2"],
+                               capture_output=True, text=True, timeout=600, cwd=REPO)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("each must be in (0, 1]", r.stderr)
+
+
+if __name__ == "__main__":
+    run_tests()

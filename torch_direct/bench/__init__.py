@@ -1,1 +1,0 @@
-"""Benchmarks: python -m torch_direct.bench {gather} --help."""

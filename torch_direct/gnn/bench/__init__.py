@@ -1,0 +1,1 @@
+"""Benchmarks: python -m torch_direct.gnn.bench {gather} --help."""

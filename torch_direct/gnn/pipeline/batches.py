@@ -1,0 +1,114 @@
+"""Where a training run's batches come from: the sampler, the feature store and the loaders of
+one pipeline. The training loop (``pipeline/train.py``) is the same for all of them; a source
+gives it
+
+- ``train``: an iterable of batches (``x``, ``adjs``, ``y``, ``batch_size``) with ``len``,
+  entered as a context, whose ``stats()`` after an epoch gives ``wait`` (seconds the loop
+  waited for a batch) and ``busy`` (seconds per loader stage);
+- ``evaluation(ids, fanouts, seed)``: a loader of the same kind over ``ids`` in order;
+- ``store``: the feature store full-neighbourhood inference reads (None: one is made for it
+  by ``full_eval_store()``);
+- ``info``: the fields the run's record gets, ``describe()``: the header line, and
+  ``finish()``: notes after the run (``info`` may then have changed).
+
+:class:`PipelinedBatches` is the unified, cpu_centric and gpu_resident pipelines (our samplers,
+feature stores and :class:`~torch_direct.gnn.pipeline.loader.PipelinedLoader`);
+``pipeline/pyg_baseline.py`` gives PyG's ``NeighborLoader`` the same shape.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def graph_to_gpu(graph, device):
+    """``graph`` copied to the GPU ``device``, with a clear error, before any allocation, when
+    its arrays would leave less than a quarter of the free GPU memory for training."""
+    need = sum(t.numel() * t.element_size() for t in (graph.rowptr, graph.col, graph.edge_ids)
+               if t is not None)
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > 0.75 * free:
+        raise ValueError(f"the graph's CSR takes {need / 2**30:.2f} GiB, {device} has {free / 2**30:.2f} GiB free: "
+                         f"too little left to train beside a GPU copy; keep it in host memory (--graph unified)")
+    return graph.to(device)
+
+
+class PipelinedBatches:
+    """The batches of ``--pipeline unified|cpu_centric|gpu_resident`` for data set ``ds`` on
+    ``device``; ``ctx`` the distributed context (or None)."""
+
+    def __init__(self, args, ds, device, ctx=None, say=print):
+        from ..graph import GPUNeighborSampler, NeighborSampler, access_frequency
+        from .distributed import pinned_graph
+        from .features import make_feature_store
+        from .loader import PipelinedLoader
+
+        if args.pipeline == "gpu_resident" and device.type != "cuda":
+            say("train: gpu_resident on the CPU keeps the features in host memory (no GPU here)", file=sys.stderr)
+        graph_on_gpu = args.graph == "gpu"
+        merge = args.merge_gathers or max(2, args.prefetch)
+        use_gpu_sampler = args.sampler == "gpu" or (
+            args.sampler == "auto" and device.type == "cuda" and (args.pipeline != "cpu_centric" or graph_on_gpu))
+        if use_gpu_sampler:
+            if args.pipeline == "gpu_resident" or graph_on_gpu:
+                graph = graph_to_gpu(ds.graph, device)
+            elif ctx is not None:
+                graph = pinned_graph(ds.graph)  # the node's shared pages, page-locked here: no copy
+            else:
+                graph = ds.graph.to("unified")
+            make_sampler = lambda f, s: GPUNeighborSampler(graph, f, seed=s, device=device)  # noqa: E731
+        else:
+            graph = ds.graph
+            pin = device.type == "cuda"   # the loader's copy of each batch to the GPU is then a DMA
+            make_sampler = lambda f, s: NeighborSampler(graph, f, seed=s, pin_memory=pin)  # noqa: E731
+        cuda = device.type == "cuda"
+        self.store = make_feature_store(args.pipeline, ds.x, device, torch.float32,
+                                        cache_bytes=args.cache_mb << 20,
+                                        # ranked by how often the sampler reads a row (its outermost
+                                        # hop reads the most rows), not by row length
+                                        degree=(access_frequency(ds.graph, args.fanouts[-1])
+                                                if args.cache_mb and cuda else None),
+                                        pin_inplace=ctx is not None,
+                                        max_sms=args.gather_sms if cuda and args.gather_sms else None,
+                                        cpu_threads=args.gather_cpu_threads if cuda else 0)
+        labels = ds.y.to(device) if cuda else ds.y
+        shard = None if ctx is None else (ctx.rank, ctx.world)
+        # Sampling streams differ per rank (seed + rank * 7919); the seed permutation does not.
+        sample_seed = args.seed if ctx is None else args.seed + 7919 * ctx.rank
+
+        def loader(ids, fanouts, seed, batch_size, **kw):
+            return PipelinedLoader(make_sampler(fanouts, seed), self.store, ids, batch_size, labels=labels,
+                                   device=device, prefetch=args.prefetch, merge_gathers=merge, shard=shard,
+                                   sample_ahead=args.sample_ahead, stream_priority=args.loader_priority, **kw)
+
+        self._loader, self._eval_batch = loader, args.eval_batch_size
+        self.train = loader(ds.split["train"], args.fanouts, sample_seed, args.batch_size,
+                            generator=torch.Generator().manual_seed(args.seed))
+        self.info = {"sampler": "gpu" if use_gpu_sampler else "cpu", "graph": graph.device.type,
+                     "loader_priority": args.loader_priority, "merge_gathers": merge}
+        self._args, self._ctx, self._device = args, ctx, device
+
+    def evaluation(self, ids, fanouts, seed):
+        return self._loader(ids, fanouts, seed, self._eval_batch, shuffle=False)
+
+    def full_eval_store(self):
+        return self.store
+
+    def finish(self) -> list[str]:
+        """Notes of the run (none: every option took effect or was refused before it)."""
+        return []
+
+    def describe(self, model_text: str, reorder_text: str = "") -> str:
+        a, ctx, info = self._args, self._ctx, self.info
+        merge = info["merge_gathers"]
+        return (f"  model {model_text}, pipeline {a.pipeline}, device {self._device}, "
+                f"sampler {info['sampler']} (CSR on {info['graph']}), fanouts {a.fanouts}, batch {a.batch_size}, "
+                f"hidden {a.hidden}"
+                + (f", precision {a.precision}" if a.precision != "fp32" else "")
+                + (f", loader streams at {a.loader_priority} priority" if a.loader_priority != "normal" else "")
+                + reorder_text
+                + (f", {merge} batches per gather" if merge > 1 else "")
+                + (f"\n  {ctx.world} processes ({ctx.backend}), one host copy per node in shared memory"
+                   if ctx is not None else ""))

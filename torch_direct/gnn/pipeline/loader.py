@@ -1,0 +1,354 @@
+"""A pipelined mini-batch loader: sampling, feature gather and transfer of upcoming batches
+overlap with the current training step.
+
+    >>> with PipelinedLoader(sampler, store, ds.split["train"], 1024, labels=ds.y,
+    ...                      device="cuda", prefetch=2) as loader:
+    ...     for epoch in range(3):
+    ...         for b in loader:                  # b.x, b.y, b.adjs, b.batch_size, b.n_id
+    ...             loss = step(model, b)
+    ...         print(loader.stats())             # busy and exposed seconds per stage
+
+One producer thread per epoch samples a batch, gathers its features and moves its blocks and
+labels to the device, then puts it into a queue of at most ``prefetch`` batches. On CUDA that
+work is queued on a side stream; each batch carries an event recorded after its work, the
+consumer's stream waits for that event, and every tensor of the batch gets ``record_stream``
+of the consumer's stream, so the caching allocator cannot hand its memory to the producer
+while the training step still reads it.
+
+With ``merge_gathers=k`` the producer samples ``k`` batches, gathers the union of their nodes
+in one sorted gather (a locality lever: each row read once, reads in address order) and gives
+each batch its rows by position; batches and their features are the same as without it.
+
+Stage times: ``busy`` is the time each stage took in the producer (on a GPU the longer of its
+host time and its stream time between CUDA events; ``perf_counter`` on the CPU), ``wait`` the time the training loop stood waiting for a batch (the
+loader's exposed time); ``exposed`` splits ``wait`` over the stages in proportion to their busy
+time (with ``prefetch=0`` the stages run in the loop itself and all of their time is exposed).
+
+An exception in the producer is raised again in the training loop (from ``next``). Breaking out
+of an epoch and then starting a new one, ``close()`` or leaving the ``with`` block stop the
+producer and join its thread (a broken-off epoch keeps prefetching until one of those);
+dropping the loader stops it too. Stopping drops the queued batches, pinned buffers included.
+"""
+
+from __future__ import annotations
+
+import queue
+from contextlib import nullcontext
+import threading
+import time
+import weakref
+
+import torch
+
+from ..graph.sampler import seed_batches, seeds_per_shard
+from .features import FeatureStore, check_device
+from .stages import STAGES, Batch, Stages, batch_tensors, sampled_tensors  # noqa: F401  (Batch, STAGES: the loader's)
+from .timing import Timer, split_by_busy
+
+STREAM_PRIORITIES = ("normal", "high")
+_END = object()
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
+    """Put ``item`` unless ``stop`` is set first; whether it went in."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _produce(stages: Stages, it, timer: Timer, q: queue.Queue, stop: threading.Event) -> None:
+    """The producer thread's body. It holds no reference to the epoch or the loader, so
+    dropping those (without close()) still stops it: a finalizer sets ``stop``."""
+    try:
+        if stages.cuda:
+            torch.cuda.set_device(stages.device)
+        while not stop.is_set():
+            item = next(it, None)
+            if item is None:
+                break
+            if not _put(q, item, stop):
+                return
+        _put(q, _END, stop)
+    except BaseException as e:  # noqa: BLE001 - handed to the training loop
+        _put(q, _Failure(e), stop)
+
+
+def _timed_samples(it, timer: Timer, stream):
+    """The sampled batches of ``it``, each draw timed as the ``sample`` stage on ``stream``
+    (drawing from ``it`` is the sampling; it runs in the caller's stream context)."""
+    while True:
+        t = timer.start(stream)
+        sb = next(it, None)
+        if sb is None:
+            return
+        timer.stop("sample", t, stream)
+        yield sb
+
+
+def _sample_ahead(stages: Stages, it, timer: Timer, q: queue.Queue, stop: threading.Event) -> None:
+    """The sampling thread's body (``sample_ahead``): the epoch's sampled batches, each with an
+    event recorded on the sampling stream after its work, into ``q``."""
+    try:
+        stream = stages.sample_stream
+        if stages.cuda:
+            torch.cuda.set_device(stages.device)
+        ctx = torch.cuda.stream(stream) if stages.cuda else nullcontext()
+        samples = _timed_samples(it, timer, stream)
+        with ctx:
+            while not stop.is_set():
+                sb = next(samples, None)
+                if sb is None:
+                    break
+                event = None
+                if stages.cuda:
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                if not _put(q, (sb, event), stop):
+                    return
+        _put(q, _END, stop)
+    except BaseException as e:  # noqa: BLE001 - handed to the producer, then the training loop
+        _put(q, _Failure(e), stop)
+
+
+def _sampled_from(q: queue.Queue, stages: Stages, stop: threading.Event):
+    """The sampled batches the sampling thread queued, in order, each made safe to use on the
+    producer's stream (which waits for the batch's event; its tensors record that stream)."""
+    while True:
+        try:
+            item = q.get(timeout=0.05)
+        except queue.Empty:
+            if stop.is_set():
+                return
+            continue
+        if item is _END:
+            return
+        if isinstance(item, _Failure):
+            raise item.exc
+        sb, event = item
+        if event is not None:
+            stages.stream.wait_event(event)
+            for t in sampled_tensors(sb):
+                if t.is_cuda:                         # the GPU sampler's; a CPU sampler's are host tensors
+                    t.record_stream(stages.stream)
+        yield sb
+
+
+class _Epoch:
+    """The iterator of one epoch (see :class:`PipelinedLoader`)."""
+
+    def __init__(self, stages: Stages, seeds: list, prefetch: int):
+        self.stages = stages
+        self.timer = Timer(stages.cuda, STAGES, host_floor=True)
+        self.wait = 0.0
+        self.batches = 0
+        self.done = False
+        self.num_batches = len(seeds)
+        self.stop = threading.Event()
+        self.thread = self.sampler_thread = None
+        sampled = stages.sample_iter(seeds)
+        if prefetch > 0 and stages.sample_ahead:
+            # Sampling runs ahead in a thread of its own: a batch's gather overlaps the next one's
+            # sampling instead of following it.
+            self.sq: queue.Queue = queue.Queue(maxsize=prefetch)
+            self.sampler_thread = threading.Thread(target=_sample_ahead, name="torch_direct-sampler",
+                                                   daemon=True,
+                                                   args=(stages, sampled, self.timer, self.sq, self.stop))
+            sampled = _sampled_from(self.sq, stages, self.stop)
+        else:  # sampled in the loader's thread, on its stream, as each batch is made
+            sampled = _timed_samples(sampled, self.timer, stages.stream)
+        self._it = stages.batch_iter(sampled, self.timer)
+        if prefetch > 0:
+            self.q: queue.Queue = queue.Queue(maxsize=prefetch)
+            self.thread = threading.Thread(target=_produce, name="torch_direct-loader", daemon=True,
+                                           args=(stages, self._it, self.timer, self.q, self.stop))
+            weakref.finalize(self, self.stop.set)
+            if self.sampler_thread is not None:
+                self.sampler_thread.start()
+            self.thread.start()
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __next__(self) -> Batch:
+        if self.done:
+            raise StopIteration
+        t0 = time.perf_counter()
+        try:
+            if self.thread is None:
+                item = next(self._it, None)
+                if item is None:
+                    item = _END
+            else:
+                while True:
+                    try:
+                        item = self.q.get(timeout=0.1)
+                        break
+                    except queue.Empty:
+                        if not self.thread.is_alive():   # it always leaves an item; be safe anyway
+                            item = _Failure(RuntimeError("loader thread ended without a result"))
+                            break
+        finally:
+            self.wait += time.perf_counter() - t0
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.exc
+        batch, event = item
+        if event is not None:
+            cur = torch.cuda.current_stream(self.stages.device)
+            cur.wait_event(event)
+            for t in batch_tensors(batch):
+                t.record_stream(cur)
+        self.batches += 1
+        return batch
+
+    def close(self) -> None:
+        """Stop the producer (and the sampling thread) and join them (idempotent)."""
+        self.done = True
+        self.stop.set()
+        for thread, q in ((self.thread, getattr(self, "q", None)),
+                          (self.sampler_thread, getattr(self, "sq", None))):
+            if thread is None:
+                continue
+            while thread.is_alive():
+                _drain(q)                             # free queued batches (and pinned memory)
+                thread.join(timeout=0.05)
+            _drain(q)
+
+
+def _drain(q: queue.Queue) -> None:
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return
+
+
+class PipelinedLoader:
+    """Batches of ``node_ids`` (seeds) with their sampled blocks, features and labels on ``device``.
+
+    ``sampler``: a ``NeighborSampler`` (CPU threads) or ``GPUNeighborSampler``; ``features``:
+    a :class:`~torch_direct.gnn.pipeline.features.FeatureStore`; ``labels``: node labels indexed
+    by global id (or None). ``prefetch``: batches prepared ahead (the queue bound; 0 runs
+    every stage in the training loop, no thread). ``merge_gathers``: batches whose feature
+    gathers are merged into one (the union of their ``n_id``, gathered once in sorted order,
+    each batch then taking its rows by position: fewer, more local reads); 1 = a gather per
+    batch. Every batch's ``x`` equals ``x[n_id]`` either way. ``shuffle``/``generator``/``drop_last``
+    as in a DataLoader. ``shard=(rank, world)``: this process's share of the seeds (of the same
+    shuffled order on every rank; cut to the same length on every rank when shuffling, so that
+    all take the same number of steps). ``sample_ahead``: sample in a thread (and CUDA stream) of
+    its own, up to ``prefetch`` batches ahead of the gathering thread, so that one batch's
+    gather overlaps the next one's sampling; the batches are the same. ``stream_priority``:
+    ``"high"`` puts the loader's CUDA streams at the device's highest priority, so that the
+    GPU schedules their short kernels (sampling, gathers) ahead of the training step's waiting
+    ones; ``"normal"`` (default) leaves them equal. Iterating starts an epoch; see the module
+    docstring for streams, timing, errors and shutdown.
+    """
+
+    def __init__(self, sampler, features: FeatureStore, node_ids, batch_size: int, *, labels=None,
+                 device=None, prefetch: int = 2, shuffle: bool = True, drop_last: bool = False,
+                 generator: torch.Generator | None = None, merge_gathers: int = 1,
+                 shard: tuple[int, int] | None = None, sample_ahead: bool = False,
+                 stream_priority: str = "normal"):
+        if not isinstance(features, FeatureStore):
+            raise TypeError(f"PipelinedLoader: features must be a FeatureStore, got {type(features).__name__}")
+        if not hasattr(sampler, "sample"):
+            raise TypeError(f"PipelinedLoader: sampler must have .sample(seeds), got {type(sampler).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"PipelinedLoader: batch_size must be a positive int, got {batch_size!r}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"PipelinedLoader: prefetch must be an int >= 0, got {prefetch!r}")
+        if isinstance(merge_gathers, bool) or not isinstance(merge_gathers, int) or merge_gathers < 1:
+            raise ValueError(f"PipelinedLoader: merge_gathers must be an int >= 1 (batches per gather), "
+                             f"got {merge_gathers!r}")
+        if shard is not None:
+            if (not isinstance(shard, tuple) or len(shard) != 2 or not all(isinstance(v, int) for v in shard)
+                    or not 0 <= shard[0] < shard[1]):
+                raise ValueError(f"PipelinedLoader: shard must be (rank, world) with 0 <= rank < world, "
+                                 f"got {shard!r}")
+        ids = torch.as_tensor(node_ids)
+        if ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 1:
+            raise TypeError(f"PipelinedLoader: node_ids must be a 1-D int tensor, got {ids.dtype} "
+                            f"of shape {tuple(ids.shape)}")
+        self.sampler, self.features = sampler, features
+        self.node_ids = ids.cpu().long()
+        self.labels = None if labels is None else torch.as_tensor(labels)
+        self.batch_size, self.prefetch, self.merge_gathers = batch_size, prefetch, merge_gathers
+        self.shuffle, self.drop_last, self.generator = shuffle, drop_last, generator
+        self.shard = shard
+        self.device = features.device if device is None else check_device(device)
+        self.cuda = self.device.type == "cuda"
+        if stream_priority not in STREAM_PRIORITIES:
+            raise ValueError(f"PipelinedLoader: stream_priority must be one of {', '.join(STREAM_PRIORITIES)}, "
+                             f"got {stream_priority!r}")
+        # CUDA's lower number is the higher priority; "high" takes the highest the device has.
+        prio = torch.cuda.Stream.priority_range()[1] if self.cuda and stream_priority == "high" else 0
+        self.stream = torch.cuda.Stream(self.device, priority=prio) if self.cuda else None
+        if sample_ahead and prefetch == 0:
+            raise ValueError("PipelinedLoader: sample_ahead needs prefetch > 0 (it is a thread of its own)")
+        self.sample_ahead = bool(sample_ahead)
+        self._stages = Stages(sampler, features, self.labels, self.device, self.stream,
+                              merge_gathers, self.sample_ahead, prio)
+        self._epoch: _Epoch | None = None
+        self._last: dict | None = None
+
+    def __len__(self) -> int:
+        n = seeds_per_shard(self.node_ids.numel(), self.shard, self.shuffle)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _seed_batches(self) -> list[torch.Tensor]:
+        return seed_batches(self.node_ids, self.batch_size, shuffle=self.shuffle, drop_last=self.drop_last,
+                            generator=self.generator, shard=self.shard)
+
+    # epochs ------------------------------------------------------------------------------------------
+    def __iter__(self) -> _Epoch:
+        self._finish_epoch()
+        self._epoch = _Epoch(self._stages, self._seed_batches(), self.prefetch)
+        return self._epoch
+
+    def _finish_epoch(self) -> None:
+        ep = self._epoch
+        if ep is not None:
+            ep.close()
+            busy = ep.timer.totals()
+            exposed = split_by_busy(ep.wait, busy)
+            self._last = {"batches": ep.batches, "wait": ep.wait, "busy": busy, "exposed": exposed}
+            self._epoch = None
+
+    def stats(self) -> dict:
+        """Times of the last finished (or stopped) epoch: ``batches``, ``wait`` (seconds the
+        loop waited), ``busy`` and ``exposed`` (seconds per stage). Ends a running epoch."""
+        self._finish_epoch()
+        return dict(self._last) if self._last else {"batches": 0, "wait": 0.0,
+                                                     "busy": dict.fromkeys(STAGES, 0.0),
+                                                     "exposed": dict.fromkeys(STAGES, 0.0)}
+
+    def close(self) -> None:
+        """Stop a running epoch and join its thread."""
+        self._finish_epoch()
+
+    def __enter__(self) -> "PipelinedLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,260 @@
+"""``python -m torch_direct train``: mini-batch GNN training over the pipelined loader.
+
+    python -m torch_direct train --dataset tiny --model sage --pipeline unified --epochs 5
+
+Samples neighbourhoods (fanouts per layer), gathers features from the chosen feature store
+(``unified``: zero-copy from pinned host memory, optionally with a GPU cache of hot rows;
+``cpu_centric``: CPU slicing into pinned buffers + DMA; ``gpu_resident``: all features on the
+GPU), overlaps that with training, and prints per epoch the total time, each loader stage's
+exposed time (the epoch's time outside training steps, split over sampling, gather and
+transfer by their busy time), the training step's time, and the train/valid accuracy (valid
+by sampled inference). At the end: test accuracy by sampled inference, and with
+``--full-eval`` by full-neighbourhood inference for comparison.
+
+Locality levers: ``--reorder`` relabels the nodes hot ones first, ``--merge-gathers`` gathers
+the features of several batches in one ordered gather, ``--cache-mb`` keeps the hottest rows
+on the GPU. They change where rows are read from, not what is trained (``reorder`` and
+``merge`` give the same batches, losses and accuracies);
+``python -m torch_direct.gnn.bench train-ablation`` times each of them. The fastest unified setting
+measured on products-like (one H200, docs/pipeline.md): ``--graph gpu --reorder frequency
+--sample-ahead --cache-mb 512``, within 1.15x of gpu_resident's epoch.
+
+Models: GraphSAGE, GAT and GIN from PyG when torch_geometric is installed; without it a
+built-in GraphSAGE (mean aggregation, plain torch ops) so the command runs anywhere.
+
+Several GPUs: ``torchrun --nproc-per-node=N -m torch_direct train ...`` runs one process per
+GPU (DistributedDataParallel over NCCL) over one host copy of the data set per node
+(docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..progress import progress
+from .evaluation import correct_count, evaluate, full_test_accuracy, test_ids
+from .models import GNN, make_optimizer, model_precision, use_pyg_for
+from .options import add_arguments, check_options, check_paths, resolve_device  # noqa: F401  (add_arguments: the command.s options)
+from .timing import StepProfiler, Timer, split_by_busy, sync
+
+
+def load_for_run(args, show: bool):
+    """The data set of a run, relabelled when ``--reorder`` asks; (dataset, seconds spent reordering)."""
+    from ..graph import load_dataset
+    ds = load_dataset(args.dataset, root=args.root, seed=args.data_seed, show_progress=show)
+    reorder_s = 0.0
+    if args.reorder != "none":
+        from ..graph import reorder
+        t0 = time.perf_counter()
+        ds, _ = reorder(ds, args.reorder)   # results stay per node: accuracies need no mapping back
+        reorder_s = time.perf_counter() - t0
+    return ds, reorder_s
+
+
+def load(args, ctx, show: bool):
+    """The run's data set and the seconds spent reordering it; under several processes one
+    copy per node in shared memory, mapped by every rank of the node."""
+    if ctx is None:
+        return load_for_run(args, show)
+    from .distributed import shared_dataset
+    loaded = {}
+
+    def load_here():
+        loaded["ds"], loaded["reorder_s"] = load_for_run(args, show)
+        return loaded["ds"]
+    ds = shared_dataset(ctx, load_here)
+    reorder_s = ctx.all_max([loaded.get("reorder_s", 0.0)])[0]
+    loaded.clear()  # local rank 0 drops its private copy: the shared one is all that is left
+    return ds, reorder_s
+
+
+def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler=None) -> dict:
+    """One pass over ``loader``'s batches: forward, loss, backward, optimizer step. Returns the
+    epoch's wall time (CUDA synchronised at both ends), its training steps' time (CUDA events
+    around each step; perf_counter on the CPU), the summed loss and the correct and seen
+    counts, all as floats."""
+    step_model.train()
+    steps = Timer(device.type == "cuda")
+    correct = seen = 0
+    loss_sum = torch.zeros((), device=device)
+    sync(device)
+    t0 = time.perf_counter()
+    with progress(len(loader), desc, show) as bar:
+        for i, b in enumerate(loader):
+            if profiler is not None:
+                profiler.step(i)
+            t = steps.start()
+            opt.zero_grad(set_to_none=True)
+            out = step_model(b.x, b.adjs)
+            if out.size(0) != b.batch_size:   # a loader that runs every layer on the whole subgraph
+                out = out[:b.batch_size]      # keeps the seeds' rows, the first ones
+            loss = F.cross_entropy(out, b.y, ignore_index=-1)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.detach() * b.batch_size
+            # On the device: a host wait here would hold the next step back.
+            correct += correct_count(out, b.y)
+            seen += b.batch_size
+            steps.stop("step", t)
+            bar.update(1)
+    sync(device)
+    total = time.perf_counter() - t0
+    return {"total": total, "step": steps.total(), "loss": float(loss_sum), "correct": float(correct),
+            "seen": float(seen)}
+
+
+def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
+    """The record of one epoch. Exposed loader time: the epoch less its training steps (on a
+    GPU the host runs ahead, so its queue wait alone misses the stream waiting on a batch's
+    event; never less than that wait), split over the stages by :func:`split_by_busy`."""
+    total, step, seen = ep["total"], ep["step"], ep["seen"]
+    exposed = split_by_busy(max(stats["wait"], total - step), stats["busy"])
+    return {"epoch": epoch, "total_s": total, "train_step_s": step, "loader_wait_s": stats["wait"],
+            "exposed_s": exposed, "busy_s": stats["busy"], "batches": stats["batches"],
+            "loss": ep["loss"] / seen if seen else float("nan"),
+            "train_acc": ep["correct"] / seen if seen else float("nan"), "valid_acc": valid_acc}
+
+
+def run(args, make_batches=None) -> dict:
+    """Train as ``args`` (the parsed options) say; print per-epoch lines; return the record.
+    ``make_batches(args, ds, device, ctx, say)`` gives the run's batch source (default: the
+    pipeline ``--pipeline`` names; ``pipeline/batches.py``). Under torchrun with several
+    processes: one rank per GPU (``pipeline/distributed.py``)."""
+    from . import distributed
+    check_paths(args)
+    if not distributed.requested():
+        return _run(args, None, make_batches)
+    ctx = distributed.init(args.device)
+    try:
+        record = _run(args, ctx, make_batches)
+    except BaseException as e:
+        instead = distributed.report_stop(ctx, e)
+        if instead is not None:
+            raise instead from e
+        raise
+    ctx.close()
+    return record
+
+
+def default_batches(args, ds, device, ctx, say):
+    if args.pipeline == "pyg":
+        from .pyg_baseline import PyGBatches
+        return PyGBatches(args, ds, device, ctx, say)
+    from .batches import PipelinedBatches
+    return PipelinedBatches(args, ds, device, ctx, say)
+
+
+def _run(args, ctx, make_batches) -> dict:
+    from .distributed import fail_injected
+    from .stages import STAGES
+
+    main = ctx is None or ctx.main
+    say = print if main else (lambda *a, **k: None)
+    device = ctx.device if ctx is not None else resolve_device(args.device)
+    show = not args.no_progress and main
+    check_options(args, device)
+    if make_batches is None and args.pipeline == "pyg":
+        from . import pyg_baseline
+        reason = pyg_baseline.unavailable()
+        if reason:
+            raise ValueError(f"--pipeline pyg: {reason}")
+    eval_fanouts = args.eval_fanouts or [20] * len(args.fanouts)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    ds, reorder_s = load(args, ctx, show)
+    source = (make_batches or default_batches)(args, ds, device, ctx, say)
+    model = GNN(args.model, ds.num_features, args.hidden, ds.num_classes, len(args.fanouts),
+                dropout=args.dropout, use_pyg=use_pyg_for(args.layers), precision=args.precision).to(device)
+    step_model = model
+    if ctx is not None:
+        from torch.nn.parallel import DistributedDataParallel
+        step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = make_optimizer(model, args.lr)
+    record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
+              "world_size": 1 if ctx is None else ctx.world, "dataset": repr(ds), "backend": model.backend,
+              **source.info, "reorder": args.reorder, "reorder_s": reorder_s, "precision": args.precision,
+              "epochs": []}
+    reorder_text = f", reorder {args.reorder} ({reorder_s:.2f} s)" if args.reorder != "none" else ""
+    say(f"train: {ds!r}\n" + source.describe(f"{args.model} ({model.backend})", reorder_text), flush=True)
+
+    with model_precision(args.precision, device), source.train as train_loader, \
+            source.evaluation(ds.split["valid"], eval_fanouts, args.seed + 1) as valid_loader:
+        for epoch in range(1, args.epochs + 1):
+            if ctx is not None:
+                fail_injected(ctx.rank, epoch)
+            prof = StepProfiler(args.profile, device) if epoch == 1 and main and args.profile else None
+            ep = train_epoch(step_model, opt, train_loader, device, show, f"epoch {epoch}", prof)
+            if prof is not None:
+                say(f"wrote {prof.finish()} ({prof.steps} profiled steps of epoch 1)", flush=True)
+            stats = train_loader.stats()
+            if ctx is not None:  # the job's figures: sums over ranks, the slowest rank's times
+                ep["loss"], ep["correct"], ep["seen"] = ctx.all_sum([ep["loss"], ep["correct"], ep["seen"]])
+                ep["total"], ep["step"] = ctx.all_max([ep["total"], ep["step"]])
+            rec = epoch_record(epoch, ep, stats, evaluate(model, valid_loader, show, "valid", ctx))
+            record["epochs"].append(rec)
+            stages = " ".join(f"{k} {rec['exposed_s'][k]:.3f}" for k in STAGES)
+            say(f"epoch {epoch:3d}  total {rec['total_s']:7.3f} s  exposed: {stages}  "
+                f"train-step {rec['train_step_s']:.3f} s  loss {rec['loss']:.4f}  train acc {rec['train_acc']:.4f}  "
+                f"valid acc {rec['valid_acc']:.4f}", flush=True)
+
+        test = test_ids(ds, args.test_nodes, args.data_seed)
+        record["test_nodes"] = test.numel()
+        with source.evaluation(test, eval_fanouts, args.seed + 2) as test_loader:
+            record["test_acc"] = evaluate(model, test_loader, show, "test", ctx)
+        line = f"test acc {record['test_acc']:.4f} (sampled, fanouts {eval_fanouts}, {test.numel()} nodes)"
+        if args.full_eval:
+            record["test_acc_full"] = full_test_accuracy(model, ds, source.full_eval_store(), device, show, ctx, test)
+            line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
+    if source.store is not None:
+        record["feature_store"] = source.store.stats()
+    say(line, flush=True)
+    for note in source.finish():   # what the source learnt in the run, and its notes
+        say(note, file=sys.stderr)
+    record.update(source.info)
+    _memory(record, ds, ctx, say)
+    if main:
+        _write_outputs(args, record)
+    return record
+
+
+def _memory(record: dict, ds, ctx, say) -> None:
+    from .distributed import host_pss_bytes
+    pss = float(host_pss_bytes())
+    procs = 1 if ctx is None else ctx.world
+    if ctx is not None:
+        pss = ctx.all_sum([pss])[0]
+    record["host_pss_gb"] = pss / 1e9
+    g = ds.graph
+    record["data_gb"] = sum(t.nbytes for t in (ds.x, ds.y, g.rowptr, g.col, g.edge_ids) if t is not None) / 1e9
+    say(f"host memory: {pss / 2**30:.2f} GiB (PSS over {procs} process{'es' if procs > 1 else ''}; the data set "
+        f"itself {record['data_gb'] * 1e9 / 2**30:.2f} GiB)", flush=True)
+
+
+def _write_outputs(args, record: dict) -> None:
+    if args.json:
+        from ..outputs import write_json
+        path = Path(args.json)
+        write_json(path, record)
+        print(f"wrote {path}")
+    if args.plot:
+        from .plot import write_plot
+        print(f"wrote {write_plot(record, args.plot)}")
+
+
+def main(args) -> int:
+    """Entry point of the ``train`` subcommand: clear messages for bad input, exit codes."""
+    try:
+        run(args)
+    except (ValueError, RuntimeError, TypeError, FileNotFoundError, ImportError) as e:
+        where = f" (rank {os.environ['RANK']})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        print(f"train: error{where}: {e}", file=sys.stderr)
+        return 2
+    return 0
