@@ -61,8 +61,8 @@ except ImportError:  # pragma: no cover - setup needs torch
 def native_unified() -> bool:
     """A torch wheel built from this project's fork has the device natively.
 
-    Then torch_direct is a pure-Python package of helpers and nothing is
-    compiled (the same check as torch_direct._backend.native_unified_device).
+    Then the device needs nothing compiled (the same check as
+    torch_direct._backend.native_unified_device); only the GNN stack's samplers are built.
     """
     if not hasattr(torch._C, "_unified"):
         return False
@@ -82,27 +82,21 @@ def want_cuda() -> bool:
     return torch.version.cuda is not None and has_nvcc
 
 
-def sources(cuda: bool) -> list[str]:
-    """Every .cpp under c10_allocator/ and csrc/; every .cu under csrc/ when building with CUDA.
+def sources(cuda: bool, folders=("c10_allocator", "csrc")) -> list[str]:
+    """Every .cpp under ``folders``; every .cu too when building with CUDA.
 
     Code that calls into a .cu file guards the call with TORCH_DIRECT_WITH_CUDA, so a host-only
     build links without them.
     """
-    generated = gen_registrations.generate()
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "c10_allocator").glob("*.cpp"))
     patterns = ["*.cpp", "*.cu"] if cuda else ["*.cpp"]
-    for pattern in patterns:
-        files += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob(pattern)
-                        if "generated" not in p.parts)
-    files.append(str(generated.relative_to(ROOT)))
-    return files
+    return sorted(str(p.relative_to(ROOT)) for folder in folders for pattern in patterns
+                  for p in (ROOT / folder).rglob(pattern) if "generated" not in p.parts)
 
 
-def extension():
+def compiled(name: str, files: list[str], cuda: bool):
     debug = os.environ.get("TORCH_DIRECT_DEBUG") == "1"
     cxx = ["-O0", "-g"] if debug else ["-O3"]
-    cuda = want_cuda()
-    kwargs = dict(name="torch_direct._C", sources=sources(cuda), include_dirs=[str(ROOT)])
+    kwargs = dict(name=name, sources=files, include_dirs=[str(ROOT)])
     if cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
         return cpp_extension.CUDAExtension(
@@ -110,6 +104,20 @@ def extension():
                                 "nvcc": ["-O3", "-DTORCH_DIRECT_WITH_CUDA"]},
             **kwargs)
     return cpp_extension.CppExtension(extra_compile_args=cxx, **kwargs)
+
+
+def extensions() -> list:
+    """The device (torch_direct._C: the allocator, the unified kernels, the PrivateUse1
+    registration), which a fork wheel has natively, and the GNN stack's neighbour samplers
+    (torch_direct.gnn.graph._sampler), built on either vehicle."""
+    cuda = want_cuda()
+    out = []
+    if not native_unified():
+        device = [f for f in sources(cuda) if not f.startswith("csrc/sampler/")]
+        device.append(str(gen_registrations.generate().relative_to(ROOT)))
+        out.append(compiled("torch_direct._C", device, cuda))
+    out.append(compiled("torch_direct.gnn.graph._sampler", sources(cuda, ("csrc/sampler",)), cuda))
+    return out
 
 
 setup(
@@ -123,6 +131,6 @@ setup(
     # backend (pyg-lib, or torch-sparse), which is built per torch and CUDA release (README).
     extras_require={"test": ["pytest", "expecttest", "numpy"],
                     "gnn": ["torch_geometric", "numpy", "matplotlib"]},
-    ext_modules=[] if native_unified() else [extension()],
+    ext_modules=extensions(),
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )

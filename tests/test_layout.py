@@ -14,9 +14,6 @@ from torch_direct.gnn.pipeline.timing import Timer, split_by_busy
 
 PACKAGE = pathlib.Path(torch_direct.__file__).parent
 MAX_LINES = 400
-# The neighbour samplers' bindings live in the compiled module until the GNN stack has a
-# compiled module of its own; these are the only private names it may take from it.
-SAMPLER_BINDINGS = {"_sample_neighbors", "_sample_blocks", "_sampler_uniform_below"}
 
 
 def modules():
@@ -26,9 +23,12 @@ def modules():
 def private_imports(path: pathlib.Path) -> list[str]:
     """``from X import _name`` and attribute uses ``_C._name`` of another module's private
     names; a package's own private modules (``from ._backend import``) are its business only
-    when the importer lives in that same package folder."""
+    when the importer lives in that same package folder. The device's own modules (the
+    top-level ``torch_direct/*.py``) are one unit; the GNN stack takes nothing private."""
     tree = ast.parse(path.read_text(), str(path))
     here = path.parent
+    if here == PACKAGE:
+        return []
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("torch_direct")):
@@ -45,11 +45,12 @@ def private_imports(path: pathlib.Path) -> list[str]:
                 found.append(f"{path.relative_to(PACKAGE)}: from {'.' * node.level}{node.module} import ...")
             own_internals = node.level == 1 and not node.module   # from . import _backend
             for alias in node.names:
-                if alias.name.startswith("_") and alias.name not in ("_C", "__version__") and not own_internals:
+                if alias.name.startswith("_") and alias.name != "__version__" and not own_internals:
                     found.append(f"{path.relative_to(PACKAGE)}: imports {alias.name}")
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "_C"
-                and path.parent != PACKAGE and node.attr not in SAMPLER_BINDINGS):
-            found.append(f"{path.relative_to(PACKAGE)}: _C.{node.attr}")
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "_C" and isinstance(node.value.value, ast.Name)
+                and node.value.value.id == "torch_direct"):
+            found.append(f"{path.relative_to(PACKAGE)}: torch_direct._C.{node.attr}")
     return found
 
 
@@ -67,8 +68,9 @@ class TestShape(TestCase):
         # The check above can fail: a module taking another folder's private name is caught.
         probe = PACKAGE / "gnn" / "pipeline" / "_layout_probe_tmp.py"
         try:
-            probe.write_text("from ..graph.csr import _host\nfrom .._backend import VEHICLE\n")
-            self.assertEqual(len(private_imports(probe)), 2)
+            probe.write_text("from ..graph.csr import _host\nfrom .._backend import VEHICLE\n"
+                             "from torch_direct import _C\nimport torch_direct\ntorch_direct._C._x\n")
+            self.assertEqual(len(private_imports(probe)), 4)
         finally:
             probe.unlink()
 

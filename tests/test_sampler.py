@@ -11,7 +11,7 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct
 from common import requires_gpu
-from torch_direct.gnn.graph import CSRGraph, GPUNeighborSampler, NeighborSampler
+from torch_direct.gnn.graph import CSRGraph, GPUNeighborSampler, NeighborSampler, _sampler
 
 
 # Upper 0.1% points of the chi-square distribution (df: value).
@@ -182,7 +182,7 @@ class TestBlocks(TestCase):
 class TestDistribution(TestCase):
     def test_uniform_below_is_uniform(self):
         for bound in (7, 3 * 2**62 // 3 + 1):  # small, and one where modulo bias would be huge
-            draws = torch_direct._C._sampler_uniform_below(5, 0, bound, 70000)
+            draws = _sampler._sampler_uniform_below(5, 0, bound, 70000)
             self.assertTrue(bool((draws >= 0).all()) and bool((draws < bound).all()))
             bins = (draws.double() / bound * 7).long().clamp(max=6) if bound > 7 else draws
             counts = torch.bincount(bins, minlength=7).numpy()

@@ -64,7 +64,7 @@ class _ForkC(types.ModuleType):
     _NATIVE = ("_memory_stats", "_empty_cache", "_reset_peak", "_cuda_available",
                "_pin_inplace", "_pinned_owner", "_share", "_from_shared", "_block_kind",
                "_is_mapped", "_map_for_gpu", "_as_cuda_alias", "_as_cpu_alias",
-               "_gather_rows_cpu", "_sample_neighbors", "_sample_blocks", "_sampler_uniform_below",
+               "_gather_rows_cpu",
                "_claimed_structured_ops")
     # Bound by the fork only when it is built with CUDA (USE_CUDA; patch 0006).
     _NATIVE_CUDA = ("_gather_rows_cuda", "_gather_rows_hybrid", "_hybrid_cpu_fraction")
@@ -85,8 +85,7 @@ class _ForkC(types.ModuleType):
         # Whether the fork binds the ordered/hybrid CUDA gather kernels, which
         # torch_direct.gather uses for a CUDA index; without them it takes its
         # generic path (index_select, run by the fork's Unified kernels on the
-        # index's device). The GPU sampler's kernel is compiled into the fork
-        # with the rest of csrc/ when it is built with CUDA.
+        # index's device).
         return self._cuda_gather
 
     def __getattr__(self, name):

@@ -53,7 +53,7 @@ inline int64_t row_of(index_t i, int64_t rows) {
 // Random rows of a large table each miss the caches (and often the TLB); a
 // loop that copies one row at a time may leave that latency exposed. Off
 // unless TORCH_DIRECT_CPU_GATHER_PREFETCH gives a distance: on the 16-core
-// H200 machine (tools/hybrid_cpu_path_probe.py, 32 GB table, 400K random
+// H200 machine (experiments/hybrid_cpu_path_probe.py, 32 GB table, 400K random
 // rows) 16 rows ahead sped the CPU-only gather of 128 B rows up 1.6x in one
 // run and not at all in another, slowed 512 B rows, and slowed the hybrid
 // gather's CPU part at every width (128 B: 14.7 GB/s against 20.1 without).
@@ -185,7 +185,7 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
   // Rows copied as they are, on all of torch's intra-op threads: index_select
   // does it faster. On the 16-core H200 machine it moved 400K random rows of a
   // 32 GB table into pinned memory at 44 / 47 / 32 GB/s (128 / 256 / 512 B)
-  // where our loop moved 23 / 26-28 / 29-30 (tools/hybrid_cpu_path_probe.py).
+  // where our loop moved 23 / 26-28 / 29-30 (experiments/hybrid_cpu_path_probe.py).
   // (One difference: its OpenMP threads wait for work spinning, ours sleep.)
   // The whole call then stays on torch's threads: its bounds check too, and
   // negative indices (which index_select refuses) are counted from the end by

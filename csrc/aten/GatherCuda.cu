@@ -322,7 +322,7 @@ bool aligned(const void* p, int64_t a) {
 
 // The widest of 16/8/4/2/1 bytes dividing the row, the row stride and both
 // base addresses. TORCH_DIRECT_GATHER_MAX_UNIT (bytes) caps it, for
-// experiments on the width of each load (tools/gather_phase_probe.py).
+// experiments on the width of each load (experiments/gather_phase_probe.py).
 int copy_unit(int64_t row_bytes, int64_t stride_bytes, const void* in, const void* out) {
   int64_t cap = 16;
   if (const char* env = std::getenv("TORCH_DIRECT_GATHER_MAX_UNIT")) {

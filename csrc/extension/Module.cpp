@@ -10,7 +10,6 @@
 #include "../aten/UnifiedKernels.h"
 #include "../runtime/AcceleratorHook.h"
 #include "../runtime/UnifiedHooks.h"
-#include "../sampler/Bindings.h"
 #include "../../c10_allocator/CudaRuntime.h"
 #include "../../c10_allocator/HostRegistration.h"
 #include "../../c10_allocator/UnifiedAllocator.h"
@@ -108,7 +107,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
     return picks;
   });
-  torch_direct::sampler::bind(m);
   m.def("_cuda_available", [] { return alloc::cuda::available(); });
   m.def("_register_chunk_bytes", [] { return alloc::register_chunk_bytes(); });
   m.def("_built_with_cuda", [] {

@@ -4,7 +4,6 @@
 
 #include "BlockSampler.h"
 #include "NeighborSampler.h"
-#include "../aten/Placement.h"
 
 namespace torch_direct::sampler {
 namespace {
@@ -21,11 +20,9 @@ py::tuple to_python(const SampledBatch& b) {
   return py::make_tuple(b.n_id, hops);
 }
 
-// A view of a graph array on `device`: unified memory is read in place.
-at::Tensor on_device(const at::Tensor& t, c10::Device device) {
-  if (at::native::unified::is_unified(t)) {
-    return at::native::unified::alias_as(t, device);
-  }
+// The graph's arrays on the seeds' device (a unified CSR comes as its CUDA alias,
+// torch_direct.cuda_alias: read in place).
+const at::Tensor& on_device(const at::Tensor& t, c10::Device device) {
   TORCH_CHECK(t.device() == device, "the graph is on ", t.device(), " but the seeds are on ", device,
               " (put the graph in unified memory, or on the seeds' device)");
   return t;

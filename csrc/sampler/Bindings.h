@@ -1,6 +1,7 @@
 #pragma once
-// Registers the samplers' functions on a Python module: the extension's
-// torch_direct._C, or torch._C._unified on the fork (torch/csrc/Unified.cpp).
+// Registers the samplers' functions on a Python module: torch_direct.gnn.graph._sampler
+// (csrc/sampler/Module.cpp), on stock torch and on the fork alike. The samplers see CPU and
+// CUDA tensors only: the Python side passes a unified CSR as its CPU or CUDA alias.
 
 #include <torch/csrc/utils/pybind.h>
 

@@ -8,7 +8,6 @@
 
 #include "FlatHashMap.h"
 #include "Random.h"
-#include "../aten/Placement.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -132,30 +131,20 @@ SampledBatch sample_batch(const int64_t* rowptr, const col_t* col, int64_t num_n
   return out;
 }
 
-// A CPU tensor over t's bytes (unified tensors are host memory: rule R2).
-at::Tensor host_view(const at::Tensor& t) {
-  if (at::native::unified::is_unified(t)) {
-    return at::native::unified::alias_as(t, c10::Device(c10::kCPU));
-  }
-  return t;
-}
-
 } // namespace
 
-std::vector<SampledBatch> sample_neighbors(const at::Tensor& rowptr_in, const at::Tensor& col_in,
+std::vector<SampledBatch> sample_neighbors(const at::Tensor& rowptr, const at::Tensor& col,
                                            const std::vector<at::Tensor>& batches,
                                            const std::vector<int64_t>& fanouts, uint64_t seed,
                                            const std::vector<int64_t>& streams, bool return_slots,
                                            bool pin_output) {
-  const at::Tensor rowptr = host_view(rowptr_in);
-  const at::Tensor col = host_view(col_in);
   TORCH_CHECK(rowptr.is_cpu() && rowptr.dim() == 1 && rowptr.scalar_type() == at::kLong &&
                   rowptr.is_contiguous() && rowptr.numel() >= 1,
-              "NeighborSampler: rowptr must be a contiguous 1-D int64 CPU or unified tensor");
+              "NeighborSampler: rowptr must be a contiguous 1-D int64 CPU tensor");
   TORCH_CHECK(col.is_cpu() && col.dim() == 1 &&
                   (col.scalar_type() == at::kLong || col.scalar_type() == at::kInt) &&
                   col.is_contiguous(),
-              "NeighborSampler: col must be a contiguous 1-D int32/int64 CPU or unified tensor");
+              "NeighborSampler: col must be a contiguous 1-D int32/int64 CPU tensor");
   TORCH_CHECK(streams.size() == batches.size(), "NeighborSampler: one stream per batch");
   for (const auto& b : batches) {
     TORCH_CHECK(b.is_cpu() && b.dim() == 1 && b.scalar_type() == at::kLong && b.is_contiguous(),

@@ -17,6 +17,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import torch
 
+from . import _sampler
 from .csr import CSRGraph
 
 
@@ -71,6 +72,17 @@ class SampledBatch:
     def __repr__(self) -> str:
         sizes = ", ".join(f"{s[0]}x{s[1]}:{b.edge_index.size(1)}" for b in self.adjs for s in [b.size])
         return f"SampledBatch(batch_size={self.batch_size}, nodes={self.n_id.numel()}, adjs=[{sizes}])"
+
+
+def on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A graph array as the samplers' kernels read it on ``device``: a unified array as its
+    CPU or CUDA alias (the same bytes, read in place, no copy), any other as it is."""
+    import torch_direct
+    if not torch_direct.is_unified(t):
+        return t
+    if device.type == "cuda":
+        return torch_direct.cuda_alias(t, device.index or 0)
+    return torch_direct.cpu_alias(t)
 
 
 def seeds_per_shard(n: int, shard: tuple[int, int] | None, shuffle: bool) -> int:
@@ -144,6 +156,9 @@ class NeighborSampler:
             raise ValueError("NeighborSampler: pin_memory=True needs CUDA (page-locked memory is for a GPU's "
                              "DMA), and torch.cuda.is_available() is False")
         self.graph = graph
+        cpu = torch.device("cpu")
+        self._rowptr, self._col = on_device(graph.rowptr, cpu), on_device(graph.col, cpu)
+        self._eids = None if graph.edge_ids is None else on_device(graph.edge_ids, cpu)
         self.fanouts = _check_fanouts(fanouts)
         self.return_edge_ids = bool(return_edge_ids)
         self.pin_memory = bool(pin_memory)
@@ -171,15 +186,12 @@ class NeighborSampler:
 
     def sample_batches(self, seed_batches) -> list[SampledBatch]:
         """Sample several batches at once, in parallel (one worker thread per batch)."""
-        from torch_direct import _C, cpu_alias
         batches = [self._prepare(s) for s in seed_batches]
         streams = list(range(self._next_stream, self._next_stream + len(batches)))
         self._next_stream += len(batches)
-        raw = _C._sample_neighbors(self.graph.rowptr, self.graph.col, batches, self.fanouts,
+        raw = _sampler._sample_neighbors(self._rowptr, self._col, batches, self.fanouts,
                                    self.seed % 2**64, streams, self.return_edge_ids, self.pin_memory)
-        eids = self.graph.edge_ids
-        if eids is not None and eids.device.type == "unified":
-            eids = cpu_alias(eids)
+        eids = self._eids
         out = []
         for seeds, (n_id, hops) in zip(batches, raw):
             blocks = []
@@ -232,6 +244,7 @@ class GPUNeighborSampler:
                              f"memory (graph.to('unified')) or on {device}")
         self.graph = graph
         self.device = device
+        self._rowptr, self._col = on_device(graph.rowptr, device), on_device(graph.col, device)
         self.fanouts = _check_fanouts(fanouts)
         self.return_edge_ids = bool(return_edge_ids)
         self.reseed(seed)
@@ -240,7 +253,6 @@ class GPUNeighborSampler:
 
     def sample(self, seeds) -> SampledBatch:
         """Sample one batch rooted at ``seeds`` (distinct node ids); results on ``self.device``."""
-        from torch_direct import _C
         if not isinstance(seeds, torch.Tensor):
             seeds = torch.as_tensor(seeds)
         if seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
@@ -248,7 +260,7 @@ class GPUNeighborSampler:
         seeds = seeds.to(self.device).long()
         stream = self._next_stream
         self._next_stream += 1
-        n_id, hops = _C._sample_blocks(self.graph.rowptr, self.graph.col, seeds, self.fanouts,
+        n_id, hops = _sampler._sample_blocks(self._rowptr, self._col, seeds, self.fanouts,
                                        self.seed % 2**64, stream, self.return_edge_ids)
         eids = self.graph.edge_ids
         blocks = []
