@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from ..pipeline.timing import Timer
 from ..progress import track  # noqa: F401  (the benchmarks' progress bar)
 from ..outputs import check_writable, default_out, machine_record, results_dir, write_json  # noqa: F401  (the benchmarks' names)
 
@@ -16,7 +17,7 @@ def time_it(fn: Callable[[], object], repeats: int, warmup: int, gpu: bool) -> d
     """Median wall time (s) and CPU time (s) per call, after warm-up.
 
     GPU work is timed with CUDA events around each call (the host waits for
-    the end event), CPU work with perf_counter.
+    the end event), CPU work with perf_counter: the package's one Timer.
     """
     for _ in range(warmup):
         fn()
@@ -25,20 +26,13 @@ def time_it(fn: Callable[[], object], repeats: int, warmup: int, gpu: bool) -> d
     walls, cpus = [], []
     for _ in range(repeats):
         c0 = time.process_time()
-        if gpu:
-            # Blocking events: the host sleeps while it waits, so process_time
-            # counts the CPU work of the method, not a spinning wait.
-            start = torch.cuda.Event(enable_timing=True, blocking=True)
-            end = torch.cuda.Event(enable_timing=True, blocking=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            walls.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            walls.append(time.perf_counter() - t0)
+        # Blocking events: the host sleeps while it waits, so process_time counts the CPU
+        # work of the method, not a spinning wait.
+        timer = Timer(gpu, blocking=True)
+        start = timer.start()
+        fn()
+        timer.stop("call", start)
+        walls.append(timer.totals()["call"])
         cpus.append(time.process_time() - c0)
     return {"median_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
             "repeats": repeats, "all_s": walls}

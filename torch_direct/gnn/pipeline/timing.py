@@ -18,17 +18,19 @@ class Timer:
     longer of its host time and its stream time: a loader stage then counts its CPU work
     (sampling threads, CPU slicing) and its GPU work alike. Without it, the stream time
     alone: a training step is the GPU's time for it, however far ahead the host launched it.
+    ``blocking`` events make :meth:`totals` sleep rather than spin while it waits, so that
+    the host's CPU time counts the timed work only (benchmarks).
     """
 
-    def __init__(self, cuda: bool, keys=(), host_floor: bool = False):
-        self.cuda, self.host_floor = bool(cuda), host_floor
+    def __init__(self, cuda: bool, keys=(), host_floor: bool = False, blocking: bool = False):
+        self.cuda, self.host_floor, self.blocking = bool(cuda), host_floor, blocking
         self.seconds = dict.fromkeys(keys, 0.0)
         self.events: list = []
 
     def start(self, stream=None):
         ev = None
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
+            ev = torch.cuda.Event(enable_timing=True, blocking=self.blocking)
             ev.record(stream)
         return ev, time.perf_counter()
 
@@ -36,7 +38,7 @@ class Timer:
         ev0, t0 = start
         host = time.perf_counter() - t0
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
+            ev = torch.cuda.Event(enable_timing=True, blocking=self.blocking)
             ev.record(stream)
             self.events.append((key, ev0, ev, host))
         else:
