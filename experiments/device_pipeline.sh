@@ -23,7 +23,7 @@
 #   --gather-sms 66`.
 # - scaling: papers100M-like generated (unless it is there), then `bench scaling` on 1, 2, 4 and 8
 #   GPUs, as many as the machine has (CSR in host memory), then on 1 and all of them with `--graph gpu`
-#   (issues 6 and 7: results/scaling_papers100M-like*.json/.png).
+#   (results/scaling_papers100M-like*.json/.png).
 # - profile: `train --profile` on both (the top operators of 20 training steps).
 # - papers-levers: papers100M-like, unified with the CSR on the GPU, with the hybrid gather
 #   (`--gather-cpu-threads 16`: as many as torch's threads on that machine, so that the CPU share
