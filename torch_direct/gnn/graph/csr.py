@@ -238,7 +238,8 @@ class CSRGraph:
         meta = {"format": _FORMAT, "num_nodes": self.num_nodes, "num_edges": self.num_edges,
                 "col_dtype": str(self.col.dtype).replace("torch.", ""),
                 "edge_ids": self.edge_ids is not None}
-        (path / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        from ..outputs import write_json
+        write_json(path / "meta.json", meta)   # atomic, with the provenance of the writer
         return path
 
     @classmethod

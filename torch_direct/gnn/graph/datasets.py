@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..outputs import write_json
 from ..progress import progress
 from .csr import CSRGraph, load_npy, save_npy
 
@@ -103,7 +104,7 @@ class NodeDataset:
         meta = {"format": _FORMAT, "name": self.name, "num_classes": self.num_classes,
                 "x_dtype": str(self.x.dtype).replace("torch.", ""), "splits": list(self.split),
                 "info": self.info}
-        (path / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        write_json(path / "meta.json", meta)   # atomic, with the provenance of the writer
         return path
 
     @classmethod
