@@ -12,7 +12,7 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 import torch_direct  # noqa: F401
 from common import HAS_GPU, requires_gpu
 from torch_direct.gnn.graph import NeighborSampler, load_dataset
-from torch_direct.gnn.pipeline import KINDS, PipelinedLoader, make_feature_store, to_pyg, to_pyg_graph_store
+from torch_direct.gnn.pipeline import KINDS, CachedFeatureStore, PipelinedLoader, make_feature_store, to_pyg, to_pyg_graph_store
 
 try:
     import torch_geometric  # noqa: F401
@@ -67,8 +67,14 @@ class TestFeatureStores(TestCase):
     def test_bad_input(self):
         with self.assertRaisesRegex(ValueError, "unknown feature store"):
             make_feature_store("nvme", self.x, "cpu")
-        with self.assertRaisesRegex(ValueError, "unified"):
+        with self.assertRaisesRegex(ValueError, "whole table in device memory"):
+            make_feature_store("gpu_resident", self.x, "cpu", cache_bytes=1024, degree=torch.arange(500))
+        with self.assertRaisesRegex(ValueError, "needs degree"):
             make_feature_store("cpu_centric", self.x, "cpu", cache_bytes=1024)
+        with self.assertRaisesRegex(ValueError, "degree has 3 entries for 500 rows"):
+            make_feature_store("unified", self.x, "cpu", cache_bytes=1024, degree=torch.arange(3))
+        with self.assertRaisesRegex(TypeError, "uncached FeatureStore"):
+            CachedFeatureStore(self.x, 1024, torch.arange(500))
         with self.assertRaisesRegex(TypeError, "2-D"):
             make_feature_store("unified", self.x[0], "cpu")
         with self.assertRaisesRegex(ValueError, "cpu' or a CUDA"):
@@ -95,6 +101,34 @@ class TestFeatureStores(TestCase):
                 store.gather(torch.tensor([0.5]))
             with self.assertRaises(IndexError):
                 store.gather(torch.tensor([500]))
+
+    def test_cache_wraps_any_store(self):
+        # The cache of hot rows over either store, on the CPU: same rows, counted hits, and a
+        # budget counted in the cached (output) dtype's bytes.
+        degree = torch.arange(500)                 # rows 400.. are the hottest
+        idx = torch.tensor([450, 3, 499, 400, 399, 0, 450])
+        for kind in ("unified", "cpu_centric"):
+            for dtype, elem in ((None, 4), (torch.float64, 8)):
+                store = make_feature_store(kind, self.x, "cpu", dtype, cache_bytes=100 * 12 * elem, degree=degree)
+                self.assertIsInstance(store, CachedFeatureStore)
+                self.assertEqual((store.kind, store.cache_rows), (kind, 100))
+                got = store.gather(idx)
+                self.assertEqual(got, self.x[idx].to(dtype or self.x.dtype), msg=kind)
+                self.assertEqual(store.stats()["cache_hit_rate"], 4 / 7)
+                self.assertEqual(store.gather(torch.tensor([], dtype=torch.long)).shape, (0, 12))
+                with self.assertRaises(IndexError):
+                    store.gather(torch.tensor([500]))
+        # Cached rows are served from the cache: change the cache and a hit shows it, a miss not.
+        store = make_feature_store("unified", self.x, "cpu", cache_bytes=100 * 12 * 4, degree=degree)
+        store.cache.fill_(7.0)
+        got = store.gather(torch.tensor([450, 3]))
+        self.assertEqual(got[0], torch.full((12,), 7.0))
+        self.assertEqual(got[1], self.x[3])
+        # A budget below one row: no cache, every row from the store.
+        store = make_feature_store("unified", self.x, "cpu", cache_bytes=10, degree=degree)
+        self.assertEqual(store.cache_rows, 0)
+        self.assertEqual(store.gather(idx), self.x[idx])
+        self.assertNotIn("cache_hit_rate", store.stats())
 
     @unittest.skipIf(HAS_GPU, "checks the CPU-only message")
     def test_cuda_device_without_gpu(self):

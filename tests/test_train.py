@@ -144,7 +144,7 @@ class TestTrain(TestCase):
         for bad, msg in ((["--dataset", "nope"], "unknown data set"),
                          (["--eval-fanouts", "20,20"], "one per layer"),
                          (["--device", "tpu"], "not a device"),
-                         (["--cache-mb", "8", "--pipeline", "cpu_centric"], "unified only"),
+                         (["--cache-mb", "8", "--pipeline", "gpu_resident"], "whole table is in GPU memory"),
                          (["--gather-sms", "8", "--pipeline", "gpu_resident"], "--gather-sms applies to --pipeline unified only"),
                          (["--gather-cpu-threads", "2", "--pipeline", "cpu_centric"],
                           "--gather-cpu-threads applies to --pipeline unified only"),
@@ -358,9 +358,12 @@ class TestTrain(TestCase):
         y = self.ds.y[self.ds.split["test"]]
         majority = torch.bincount(y).max().item() / y.numel()
         for kind in ("unified", "cpu_centric", "gpu_resident"):
-            extra = ["--cache-mb", "1"] if kind == "unified" else []
+            extra = ["--cache-mb", "1"] if kind != "gpu_resident" else []   # the cache wraps either store
             rec, _ = self.quiet_run("--epochs", "8", "--seed", "0", "--pipeline", kind, "--device", "cuda", *extra)
             self.assertTrue(rec["device"].startswith("cuda"))
+            if extra:
+                self.assertGreater(rec["feature_store"]["cache_rows"], 0, msg=kind)
+                self.assertGreater(rec["feature_store"]["cache_hit_rate"], 0.0, msg=kind)
             self.assertGreater(rec["test_acc"], max(0.6, 2 * majority), msg=kind)
             self.assertLess(rec["epochs"][-1]["loss"], rec["epochs"][0]["loss"], msg=kind)
 

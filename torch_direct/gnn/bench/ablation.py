@@ -83,8 +83,8 @@ def run_ablation(args) -> dict:
         a = _config_args(args, levers)
         note = ""
         if "cache" in levers:
-            if args.pipeline != "unified":
-                a.cache_mb, note = 0, f"no cache: --cache-mb applies to the unified pipeline, not {args.pipeline}"
+            if args.pipeline not in ("unified", "cpu_centric"):
+                a.cache_mb, note = 0, f"no cache: --cache-mb does not apply to the {args.pipeline} pipeline"
             elif device.type != "cuda":
                 a.cache_mb, note = 0, "no cache: no GPU here (the cache lives in GPU memory)"
             elif args.cache_mb == 0:

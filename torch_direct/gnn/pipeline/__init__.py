@@ -10,12 +10,12 @@
 ``python -m torch_direct train --help`` trains a GNN with it from the shell.
 """
 
-from .features import (KINDS, CPUCentricFeatureStore, FeatureStore, GPUResidentFeatureStore,
+from .features import (KINDS, CachedFeatureStore, CPUCentricFeatureStore, FeatureStore, GPUResidentFeatureStore,
                        UnifiedFeatureStore, make_feature_store, to_pyg)
 from .loader import PipelinedLoader
 from .stages import STAGES, Batch
 from .pyg import to_pyg_graph_store
 
-__all__ = ["Batch", "CPUCentricFeatureStore", "FeatureStore", "GPUResidentFeatureStore", "KINDS",
+__all__ = ["Batch", "CachedFeatureStore", "CPUCentricFeatureStore", "FeatureStore", "GPUResidentFeatureStore", "KINDS",
            "PipelinedLoader", "STAGES", "UnifiedFeatureStore", "make_feature_store", "to_pyg",
            "to_pyg_graph_store"]

@@ -8,14 +8,16 @@ Three kinds (BENCHMARKS.md, "End-to-end GNN training"):
 
 ``unified``       the table lives in unified memory (pinned, GPU-mapped host memory); a CUDA
                   index gathers the rows in place with ``torch_direct.gather`` (one kernel, no
-                  staging copy). Optional GPU cache: the ``cache_bytes`` worth of rows with the
-                  highest ``degree`` score (how often a row is read:
-                  ``torch_direct.gnn.graph.access_frequency``, which ``train`` passes; an undirected
-                  graph's degree is the same ranking) are copied to the GPU once and served
-                  from there.
+                  staging copy).
 ``cpu_centric``   the baseline: CPU threads slice the rows into a pinned buffer, then a DMA
                   copies it to the GPU (on the caller's stream, typically a side stream).
 ``gpu_resident``  the whole table is copied to the GPU once; a gather is an ``index_select``.
+
+``CachedFeatureStore(store, cache_bytes, degree)`` wraps any store with a cache of its hot rows
+in the store's device memory: the ``cache_bytes`` worth of rows with the highest ``degree`` score
+(how often a row is read: ``torch_direct.gnn.graph.access_frequency``, which ``train`` passes; an
+undirected graph's degree is the same ranking) are read once and served from there, the others
+from the store. ``make_feature_store(..., cache_bytes=)`` builds it.
 
 On a machine without a GPU every kind gathers on the CPU (the unified table is then plain host
 memory), so pipelines and tests run the same code there.
@@ -70,7 +72,12 @@ class FeatureStore:
     returns ``x[n_id]`` as ``dtype`` on ``device``, its work queued on ``stream`` (CUDA)
     when given, else on the current stream. The result is owned by the caller; when it
     is used on another stream, the caller records that stream on it (the pipelined
-    loader does)."""
+    loader does).
+
+    A store implements ``read(idx, device)``: the rows ``idx`` (a checked 1-D int32/int64
+    index, on ``device`` or on the CPU) as ``dtype`` on ``device``, on the current stream.
+    ``gather`` checks its arguments and calls it; :class:`CachedFeatureStore` calls it for
+    the rows its cache misses, so a cached gather checks nothing twice."""
 
     kind = "abstract"
 
@@ -90,10 +97,16 @@ class FeatureStore:
         return self.dim * torch.empty((), dtype=self.source_dtype).element_size()
 
     def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
+        device = self.device if device is None else check_device(device)
+        n_id = _check_index(n_id, self.num_rows)
+        with _stream_ctx(stream, device):
+            return self.read(n_id, device)
+
+    def read(self, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
         raise NotImplementedError
 
     def stats(self) -> dict:
-        return {"kind": self.kind}
+        return {"kind": self.kind, "cache_rows": 0}
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(rows={self.num_rows}, dim={self.dim}, {self.source_dtype}"
@@ -101,14 +114,10 @@ class FeatureStore:
 
 
 class UnifiedFeatureStore(FeatureStore):
-    """Zero-copy gathers from a unified table, optionally with a GPU cache of hot rows.
+    """Zero-copy gathers from a unified table.
 
     ``x`` is used as is when already unified, else copied into unified memory once
-    (``pin_inplace=True`` maps a CPU tensor's own pages instead). ``cache_bytes``
-    (GPU device only): the rows with the highest ``degree`` score that fit in that many
-    bytes are copied to the GPU and served from there; the others are read in place. The
-    score should say how often a row is read (``access_frequency``); a directed graph's row
-    lengths need not (on the synthetic presets they are uncorrelated with it).
+    (``pin_inplace=True`` maps a CPU tensor's own pages instead).
     ``max_sms`` caps the streaming multiprocessors the gather kernel runs on (None: all),
     so that a training step queued beside a gather is not left waiting for it.
     ``cpu_threads`` (GPU device only; 0: off) makes each gather hybrid: that many CPU threads
@@ -120,11 +129,9 @@ class UnifiedFeatureStore(FeatureStore):
 
     kind = "unified"
 
-    def __init__(self, x, device, dtype=None, *, cache_bytes: int = 0, degree=None,
-                 pin_inplace: bool = False, max_sms: int | None = None, cpu_threads: int = 0):
+    def __init__(self, x, device, dtype=None, *, pin_inplace: bool = False, max_sms: int | None = None,
+                 cpu_threads: int = 0):
         super().__init__(x, device, dtype)
-        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
-            raise ValueError(f"UnifiedFeatureStore: cache_bytes must be an int >= 0, got {cache_bytes!r}")
         if max_sms is not None and (isinstance(max_sms, bool) or not isinstance(max_sms, int) or max_sms <= 0):
             raise ValueError(f"UnifiedFeatureStore: max_sms must be a positive int or None, got {max_sms!r}")
         if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 0:
@@ -137,62 +144,20 @@ class UnifiedFeatureStore(FeatureStore):
             self.table = torch_direct.pin_inplace(x.contiguous())
         else:
             self.table = x.contiguous().to("unified")
-        self.cache_rows = 0
-        self.cache = self.slot = None
-        self.hits = self.lookups = 0
-        if cache_bytes and self.device.type == "cuda":
-            if degree is None:
-                raise ValueError("UnifiedFeatureStore: a GPU cache needs degree= (rows are ranked by it)")
-            degree = torch.as_tensor(degree).reshape(-1)
-            if degree.numel() != self.num_rows:
-                raise ValueError(f"UnifiedFeatureStore: degree has {degree.numel()} entries for "
-                                 f"{self.num_rows} rows")
-            k = min(self.num_rows, cache_bytes // max(1, self.row_bytes))
-            if k > 0:
-                hot = torch.topk(degree.cpu().float(), k, sorted=False).indices
-                hot = hot.sort().values.to(self.device)
-                self.cache = torch_direct.gather(self.table, hot, dtype=self.dtype)
-                self.slot = torch.full((self.num_rows,), -1, dtype=torch.int32, device=self.device)
-                self.slot[hot] = torch.arange(k, dtype=torch.int32, device=self.device)
-                self.cache_rows = k
-                torch.cuda.synchronize(self.device)   # gathers on side streams read the cache
 
-    def _read(self, idx: torch.Tensor) -> torch.Tensor:
-        """Rows ``idx`` of the table (``idx`` on the output's device), in the store's dtype."""
-        if self.cpu_threads and idx.device.type == "cuda":
+    def read(self, idx, device):
+        idx = idx.to(device, non_blocking=True)
+        if self.cpu_threads and device.type == "cuda":
             y = torch_direct.gather(self.table, idx, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
             return y.to(self.dtype)
         return torch_direct.gather(self.table, idx, dtype=self.dtype, max_sms=self.max_sms)
 
-    def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
-        device = self.device if device is None else check_device(device)
-        n_id = _check_index(n_id, self.num_rows)
-        with _stream_ctx(stream, device):
-            idx = n_id.to(device, non_blocking=True)
-            if self.cache is None or device != self.device:
-                return self._read(idx)
-            slot = self.slot[idx]
-            hit = slot >= 0
-            out = torch.empty(idx.numel(), self.dim, dtype=self.dtype, device=device)
-            miss = torch.nonzero(~hit).squeeze(1)
-            n_hit = idx.numel() - miss.numel()   # one sync: the sizes drive the two gathers
-            self.hits += n_hit
-            self.lookups += idx.numel()
-            if n_hit:
-                hit_pos = torch.nonzero(hit).squeeze(1)
-                out[hit_pos] = self.cache[slot[hit_pos].long()]
-            if miss.numel():
-                out[miss] = self._read(idx[miss])
-            return out
-
     def stats(self) -> dict:
-        s = {"kind": self.kind, "cache_rows": self.cache_rows}
+        s = super().stats()
         if self.max_sms is not None:
             s["max_sms"] = self.max_sms
         if self.cpu_threads:
             s["cpu_threads"] = self.cpu_threads
-        if self.cache is not None:
-            s["cache_hit_rate"] = self.hits / self.lookups if self.lookups else 0.0
         return s
 
 
@@ -200,7 +165,8 @@ class CPUCentricFeatureStore(FeatureStore):
     """The CPU-centric baseline: CPU threads slice the rows into pinned memory, then a DMA
     (``non_blocking``, on ``stream`` when given) moves them to the GPU. The pinned buffers
     come from torch's caching host allocator, which keeps one from being reused until the
-    copy that reads it has finished."""
+    copy that reads it has finished. An index on the GPU is first copied to the CPU (a wait
+    for the GPU: the CPU reads it)."""
 
     kind = "cpu_centric"
 
@@ -212,16 +178,14 @@ class CPUCentricFeatureStore(FeatureStore):
             x = x.cpu()
         self.table = x
 
-    def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
-        device = self.device if device is None else check_device(device)
-        n_id = _check_index(n_id, self.num_rows).cpu()
+    def read(self, idx, device):
+        idx = idx.cpu()
         pin = device.type == "cuda"
-        buf = torch.empty(n_id.numel(), self.dim, dtype=self.source_dtype, pin_memory=pin)
-        torch.index_select(self.table, 0, n_id, out=buf)        # intra-op CPU threads
+        buf = torch.empty(idx.numel(), self.dim, dtype=self.source_dtype, pin_memory=pin)
+        torch.index_select(self.table, 0, idx, out=buf)        # intra-op CPU threads
         if device.type == "cpu":
             return buf.to(self.dtype)
-        with _stream_ctx(stream, device):
-            return buf.to(device, non_blocking=True).to(self.dtype)
+        return buf.to(device, non_blocking=True).to(self.dtype)
 
 
 class GPUResidentFeatureStore(FeatureStore):
@@ -237,31 +201,109 @@ class GPUResidentFeatureStore(FeatureStore):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)   # gathers on side streams read the table
 
-    def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
-        device = self.device if device is None else check_device(device)
+    def read(self, idx, device):
         if device != self.device:
             raise ValueError(f"GPUResidentFeatureStore: the table is on {self.device}, asked for {device}")
-        n_id = _check_index(n_id, self.num_rows)
-        with _stream_ctx(stream, device):
-            return torch.index_select(self.table, 0, n_id.to(device, non_blocking=True)).to(self.dtype)
+        return torch.index_select(self.table, 0, idx.to(device, non_blocking=True)).to(self.dtype)
+
+
+class CachedFeatureStore(FeatureStore):
+    """Any store, with a cache of its hottest rows in its device's memory.
+
+    The rows with the highest ``degree`` score (one entry per row; it should say how often
+    a row is read, as ``access_frequency`` does) that fit in ``cache_bytes`` (counted in the
+    store's output dtype, the cache's) are read from ``store`` once and kept on
+    ``store.device``. A gather onto that device serves the cached rows from there and reads
+    the others through ``store.read``; it waits for the device once, to learn how many rows
+    missed. A gather onto another device goes to the store. On a CPU device the cache is a
+    copy in ordinary memory (it changes nothing there, which is what the CPU tests use).
+    """
+
+    def __init__(self, store: FeatureStore, cache_bytes: int, degree):
+        if not isinstance(store, FeatureStore) or isinstance(store, CachedFeatureStore):
+            raise TypeError(f"CachedFeatureStore: store must be an uncached FeatureStore, got {type(store).__name__}")
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ValueError(f"CachedFeatureStore: cache_bytes must be an int >= 0, got {cache_bytes!r}")
+        if degree is None:
+            raise ValueError("CachedFeatureStore: a cache needs degree= (rows are ranked by it)")
+        degree = torch.as_tensor(degree).reshape(-1)
+        if degree.numel() != store.num_rows:
+            raise ValueError(f"CachedFeatureStore: degree has {degree.numel()} entries for {store.num_rows} rows")
+        self.store = store
+        self.kind = store.kind
+        self.device, self.num_rows, self.dim = store.device, store.num_rows, store.dim
+        self.source_dtype, self.dtype = store.source_dtype, store.dtype
+        out_row_bytes = self.dim * torch.empty((), dtype=self.dtype).element_size()
+        self.cache_rows = min(self.num_rows, cache_bytes // max(1, out_row_bytes))
+        self.cache = self.slot = None
+        self.hits = self.lookups = 0
+        if self.cache_rows:
+            hot = torch.topk(degree.cpu().float(), self.cache_rows, sorted=False).indices.sort().values
+            self.cache = store.read(hot, self.device)
+            self.slot = torch.full((self.num_rows,), -1, dtype=torch.int32, device=self.device)
+            self.slot[hot.to(self.device)] = torch.arange(self.cache_rows, dtype=torch.int32, device=self.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)   # gathers on side streams read the cache
+
+    @property
+    def table(self):
+        return self.store.table
+
+    def read(self, idx, device):
+        if self.cache is None or device != self.device:
+            return self.store.read(idx, device)
+        idx = idx.to(device, non_blocking=True)
+        slot = self.slot[idx]
+        hit = slot >= 0
+        out = torch.empty(idx.numel(), self.dim, dtype=self.dtype, device=device)
+        miss = torch.nonzero(~hit).squeeze(1)
+        n_hit = idx.numel() - miss.numel()   # one sync: the sizes drive the two gathers
+        self.hits += n_hit
+        self.lookups += idx.numel()
+        if n_hit:
+            hit_pos = torch.nonzero(hit).squeeze(1)
+            out[hit_pos] = self.cache[slot[hit_pos].long()]
+        if miss.numel():
+            out[miss] = self.store.read(idx[miss], device)
+        return out
+
+    def stats(self) -> dict:
+        s = self.store.stats()
+        s["cache_rows"] = self.cache_rows
+        if self.cache is not None:
+            s["cache_hit_rate"] = self.hits / self.lookups if self.lookups else 0.0
+        return s
+
+    def __repr__(self) -> str:
+        return f"CachedFeatureStore({self.store!r}, cache_rows={self.cache_rows})"
 
 
 def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, cache_bytes: int = 0,
                        degree=None, pin_inplace: bool = False, max_sms: int | None = None,
                        cpu_threads: int = 0) -> FeatureStore:
     """A store of ``kind`` (one of :data:`KINDS`) over ``x``, serving ``device``
-    (``pin_inplace``: the unified store maps ``x``'s own pages instead of copying them)."""
+    (``pin_inplace``: the unified store maps ``x``'s own pages instead of copying them).
+    ``cache_bytes`` > 0 wraps it in a :class:`CachedFeatureStore` ranked by ``degree``
+    (not for ``gpu_resident``, whose whole table is already in device memory)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown feature store {kind!r}: expected one of {', '.join(KINDS)}")
+    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+        raise ValueError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
+    if cache_bytes and kind == "gpu_resident":
+        raise ValueError("cache_bytes: the gpu_resident store holds its whole table in device memory already")
+    if cache_bytes and degree is None:
+        raise ValueError("cache_bytes needs degree= (the cache keeps the rows it ranks highest)")
+    if cache_bytes and isinstance(x, torch.Tensor) and torch.as_tensor(degree).numel() != x.shape[0]:
+        raise ValueError(f"degree has {torch.as_tensor(degree).numel()} entries for {x.shape[0]} rows")
     if kind == "unified":
-        return UnifiedFeatureStore(x, device, dtype, cache_bytes=cache_bytes, degree=degree,
-                                   pin_inplace=pin_inplace, max_sms=max_sms, cpu_threads=cpu_threads)
-    for name, value in (("cache_bytes", cache_bytes), ("max_sms", max_sms), ("cpu_threads", cpu_threads)):
-        if value:
-            raise ValueError(f"{name} applies to the 'unified' store only, not {kind!r}")
-    if kind == "cpu_centric":
-        return CPUCentricFeatureStore(x, device, dtype)
-    if kind == "gpu_resident":
-        return GPUResidentFeatureStore(x, device, dtype)
-    raise ValueError(f"unknown feature store {kind!r}: expected one of {', '.join(KINDS)}")
+        store = UnifiedFeatureStore(x, device, dtype, pin_inplace=pin_inplace, max_sms=max_sms,
+                                    cpu_threads=cpu_threads)
+    else:
+        for name, value in (("max_sms", max_sms), ("cpu_threads", cpu_threads)):
+            if value:
+                raise ValueError(f"{name} applies to the 'unified' store only, not {kind!r}")
+        store = (CPUCentricFeatureStore if kind == "cpu_centric" else GPUResidentFeatureStore)(x, device, dtype)
+    return CachedFeatureStore(store, cache_bytes, degree) if cache_bytes else store
 
 
 # -- PyG adapter -------------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "sampler; the features stay where --pipeline puts them). gpu_resident always "
                         "copies it (default: %(default)s)")
     p.add_argument("--cache-mb", type=nonneg_int, default=0,
-                   help="unified pipeline on a GPU: MiB of GPU memory for the hottest feature rows, those "
+                   help="unified or cpu_centric pipeline on a GPU: MiB of GPU memory for the hottest feature rows, those "
                         "the sampler reads most often (torch_direct.gnn.graph.access_frequency with the last "
                         "fanout) (default: %(default)s)")
     p.add_argument("--gather-sms", type=nonneg_int, default=0,
@@ -177,8 +177,10 @@ def check_options(args, device) -> None:
         raise ValueError(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.sample_ahead and args.prefetch == 0:
         raise ValueError("--sample-ahead needs --prefetch > 0 (the sampling thread runs ahead of the loader's)")
-    if args.cache_mb and args.pipeline != "unified":
-        raise ValueError("--cache-mb applies to --pipeline unified only")
+    if args.cache_mb and args.pipeline not in ("unified", "cpu_centric"):
+        raise ValueError(f"--cache-mb does not apply to --pipeline {args.pipeline}: "
+                         + ("its whole table is in GPU memory" if args.pipeline == "gpu_resident"
+                            else "PyG's loader reads its own feature tensor"))
     if args.gather_sms and args.pipeline != "unified":
         raise ValueError("--gather-sms applies to --pipeline unified only (its zero-copy gather kernel)")
     if args.gather_cpu_threads and args.pipeline != "unified":
