@@ -48,13 +48,13 @@
 # - floor-probe: experiments/step_floor_probe.py on papers100M-like, CSR on the GPU, per precision
 #   (PROBE_PRECISIONS, default fp32,tf32,bf16; PROBE_BATCHES per part, default 200; PROBE_LIMIT s; PROBE_LAYERS, PROBE_WAITS,
 #   PROBE_PRIORITIES narrow the other three), layer implementation (PyG's, built-in) and the
-#   sampler's host waits (TORCH_DIRECT_SAMPLER_WAITS default and fewer) and the loader's stream
+#   sampler's host waits (experimental sampler_waits default and fewer) and the loader's stream
 #   priority (normal, high): the GPU
 #   sampler, the gather from GPU memory and the training step, each alone and then together in
 #   gpu_resident's loader (with and without --sample-ahead), in ms per batch: what sets the 5.1 s
 #   floor of gpu_resident's epoch.
 # - gather-kernels: `bench gather` (32 GB, 400K random, 128-1024 B) with each of our read kernels,
-#   TORCH_DIRECT_GATHER_KERNEL=grid (grid-stride, windowed) then =rowblock (one block per row, the
+#   TORCH_DIRECT_EXPERIMENTAL=gather_kernel=grid (grid-stride, windowed) then =rowblock (one block per row, the
 #   default on tables of 8 GiB and more).
 # - gather-shapes: experiments/gather_shape_probe.py (CuPy read kernels of other shapes against stock
 #   index_select on a sorted index, 32 GB table).
@@ -163,7 +163,7 @@ case "$what" in
       --orders random --dtypes fp32 --out "$OUT/gather_32gb.json" 2>&1 | tee -a "$OUT/gather_probes.log" | tail -25 ;;
   gather-kernels)  # our read kernel's two launch geometries, same table, one process each (docs/gather.md)
     for k in grid rowblock; do
-      TORCH_DIRECT_GATHER_KERNEL=$k timeout 150 python3 -m torch_direct.gnn.bench gather --table-gb 32 \
+      TORCH_DIRECT_EXPERIMENTAL=gather_kernel=$k timeout 150 python3 -m torch_direct.gnn.bench gather --table-gb 32 \
         --row-bytes 128,256,512,1024 --indices 400000 --orders random --dtypes fp32 --methods naive_uva_sorted,memcpy \
         --out "$OUT/gather_32gb_kernel-$k.json" 2>&1 | tee -a "$OUT/gather_kernels.log" | grep -E 'vs naive_uva_sorted|target'
     done ;;

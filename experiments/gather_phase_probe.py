@@ -54,12 +54,11 @@ def main():
                "sort_s": med(lambda: torch.sort(idx))}
         # Our read with other row windows (the default is 2048 rows in flight) and
         # narrower loads (the default is the widest of 16/8/4/2 bytes the row allows).
-        for var, name, probe in (("TORCH_DIRECT_GATHER_WINDOW_ROWS", "window", "PROBE_WINDOWS"),
-                                 ("TORCH_DIRECT_GATHER_MAX_UNIT", "unit", "PROBE_UNITS")):
+        for var, name, probe in (("gather_window_rows", "window", "PROBE_WINDOWS"),
+                                 ("gather_max_unit", "unit", "PROBE_UNITS")):
             for v in (int(x) for x in os.environ.get(probe, "").split(",") if x):
-                os.environ[var] = str(v)
-                rec[f"ours_read_{name}{v}"] = moved / med(lambda: torch_direct.gather(table, sidx, order="as_is"))
-                del os.environ[var]
+                with torch_direct.experimental(**{var: v}):
+                    rec[f"ours_read_{name}{v}"] = moved / med(lambda: torch_direct.gather(table, sidx, order="as_is"))
         assert torch.equal(torch_direct.gather(table, sidx, order="as_is"), torch.index_select(alias, 0, sidx))
         report(res, rec)
     write_points(out, res)

@@ -1,7 +1,7 @@
 """Device-side experiment: the gather kernel's in-flight window on large tables.
 
 Times torch_direct.gather (CUDA index, unified table) for several values of
-TORCH_DIRECT_GATHER_WINDOW_ROWS (distinct rows in flight; "default" = the
+the experimental gather_window_rows (distinct rows in flight; "default" = the
 built-in rule) against naive_uva_sorted, on a large and a 1 GB table. Writes
 JSON to the path given (default gather_window.json).
 """
@@ -49,17 +49,14 @@ def main():
             ref = _methods(table, idx, True, None, 1)["naive_uva_sorted"]
             t_ref = med(ref)
             for w in windows:
-                os.environ.pop("TORCH_DIRECT_GATHER_WINDOW_ROWS", None)
-                if w != "default":
-                    os.environ["TORCH_DIRECT_GATHER_WINDOW_ROWS"] = str(w)
-                t = med(lambda: torch_direct.gather(table, idx))
+                with torch_direct.experimental(gather_window_rows=None if w == "default" else w):
+                    t = med(lambda: torch_direct.gather(table, idx))
                 r = {"table_gb": gb, "row_bytes": row_bytes, "indices": count, "window_rows": w,
                      "ours_GBps": count * row_bytes / t / 1e9,
                      "naive_uva_sorted_GBps": count * row_bytes / t_ref / 1e9,
                      "ratio_vs_naive_uva_sorted": t_ref / t}
                 res.append(r)
                 print(json.dumps(r), flush=True)
-            os.environ.pop("TORCH_DIRECT_GATHER_WINDOW_ROWS", None)
         del base
     with open(out_path, "w") as f:
         json.dump({"machine": torch.cuda.get_device_name(), "points": res}, f, indent=1)

@@ -64,11 +64,10 @@ def main():
                "idx_to_host_s": med(lambda: idx.cpu())}
         # Our CPU gather with rows requested that many rows ahead (software prefetch).
         for d in (int(x) for x in os.environ.get("PROBE_PREFETCH", "").split(",") if x):
-            os.environ["TORCH_DIRECT_CPU_GATHER_PREFETCH"] = str(d)
-            rec[f"ours_cpu_only_prefetch{d}"] = moved / med(lambda: torch_direct.gather(table, idx_cpu, out=pinned))
-            rec[f"hybrid_1.0_prefetch{d}"] = moved / med(lambda: torch_direct.gather(
-                table, idx, cpu_threads=threads, cpu_fraction=1.0))
-            del os.environ["TORCH_DIRECT_CPU_GATHER_PREFETCH"]
+            with torch_direct.experimental(cpu_gather_prefetch=d):
+                rec[f"ours_cpu_only_prefetch{d}"] = moved / med(lambda: torch_direct.gather(table, idx_cpu, out=pinned))
+                rec[f"hybrid_1.0_prefetch{d}"] = moved / med(lambda: torch_direct.gather(
+                    table, idx, cpu_threads=threads, cpu_fraction=1.0))
         report(res, rec)
     write_points(out, res)
 

@@ -65,11 +65,10 @@ def main():
             rec[f"hybrid_{f}"] = moved / med(lambda: torch_direct.gather(
                 table, idx, cpu_threads=threads, cpu_fraction=f)) / 1e9
         # the CPU part on our own pool, where it would take index_select (the same run's comparison)
-        os.environ["TORCH_DIRECT_GATHER_OWN_POOL"] = "1"
-        for f in (0.55, 0.85, 1.0):
-            rec[f"hybrid_{f}_own_pool"] = moved / med(lambda: torch_direct.gather(
-                table, idx, cpu_threads=threads, cpu_fraction=f)) / 1e9
-        del os.environ["TORCH_DIRECT_GATHER_OWN_POOL"]
+        with torch_direct.experimental(gather_own_pool=1):
+            for f in (0.55, 0.85, 1.0):
+                rec[f"hybrid_{f}_own_pool"] = moved / med(lambda: torch_direct.gather(
+                    table, idx, cpu_threads=threads, cpu_fraction=f)) / 1e9
         chosen = []
 
         def auto():

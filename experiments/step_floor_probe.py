@@ -21,7 +21,6 @@ of the tool, not a measurement).
 """
 import argparse
 import itertools
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cli import run, write_record  # noqa: E402
 
+import torch_direct  # noqa: E402
 from torch_direct.gnn.graph import GPUNeighborSampler, load_dataset  # noqa: E402
 from torch_direct.gnn.progress import progress  # noqa: E402
 from torch_direct.gnn.pipeline.features import make_feature_store  # noqa: E402
@@ -70,7 +70,7 @@ def parse(argv=None):
                    help="comma-separated precisions (fp32, tf32, bf16, as for train), each measured in turn on "
                         "the data loaded once, with a fresh model of the same seed (default: fp32)")
     p.add_argument("--sampler-waits", type=_choices("settings", ("default", "fewer")), default=["default"],
-                   help="comma-separated settings of TORCH_DIRECT_SAMPLER_WAITS for the GPU sampler: default = "
+                   help="comma-separated values of the experimental sampler_waits for the GPU sampler: default = "
                         "two host waits per hop and the seeds checked first; fewer = one wait per hop (the same "
                         "batches); each is measured with each layer implementation and precision (default: default)")
     p.add_argument("--loader-priority", type=_choices("priorities", STREAM_PRIORITIES), default=["normal"],
@@ -201,17 +201,10 @@ def main(argv=None):
               "batches": n_batches, "runs": []}
     print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
           f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, CSR on {graph.device}, {device}", flush=True)
-    waits_before = os.environ.get("TORCH_DIRECT_SAMPLER_WAITS")
     for waits, priority, layers, precision in itertools.product(a.sampler_waits, a.loader_priority, a.layers,
                                                                a.precision):
-        os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = waits   # read by the sampler on each call
-        try:
+        with torch_direct.experimental(sampler_waits=waits):   # read by the sampler on each call
             run = measure(precision, layers, priority, ds, device, sampler, store, labels, batches, seeds, a, show)
-        finally:
-            if waits_before is None:
-                os.environ.pop("TORCH_DIRECT_SAMPLER_WAITS", None)
-            else:
-                os.environ["TORCH_DIRECT_SAMPLER_WAITS"] = waits_before
         run["sampler_waits"], run["loader_priority"] = waits, priority
         record["runs"].append(run)
         print(f" {run['layers']} layers, {precision}, sampler waits {waits}, loader priority {priority}:")

@@ -141,17 +141,21 @@ class TestCpuThreads(TestCase):
         self.assertEqual(got, 4)
 
     def test_prefetch_experiment_keeps_rows(self):
-        # TORCH_DIRECT_CPU_GATHER_PREFETCH asks for rows ahead of the copy in our loop (which
-        # TORCH_DIRECT_GATHER_OWN_POOL keeps for rows copied as they are); the rows are the same
+        # The experimental cpu_gather_prefetch asks for rows ahead of the copy in our loop (which
+        # gather_own_pool keeps for rows copied as they are); the rows are the same
         # with any distance, including one past the end of a chunk and the negative indices.
         src = torch.randn(50000, 37)
         u = src.to("unified")
         idx = torch.randint(-50000, 50000, (120000,))
         for d in ("1", "16", "100000"):
-            env = {"TORCH_DIRECT_CPU_GATHER_PREFETCH": d, "TORCH_DIRECT_GATHER_OWN_POOL": "1"}
-            with self.subTest(distance=d), mock.patch.dict(os.environ, env):
+            with self.subTest(distance=d), torch_direct.experimental(cpu_gather_prefetch=d, gather_own_pool=1):
                 self.assertEqual(torch_direct.gather(u, idx), src[idx], atol=0, rtol=0)
                 self.assertEqual(torch_direct.gather(u[:, :32], idx), src[:, :32][idx], atol=0, rtol=0)
+        for bad, msg in (({"gather_own_pool": 2}, "gather_own_pool must be 0 or 1, not '2'"),
+                         ({"cpu_gather_prefetch": "x"}, "cpu_gather_prefetch must be an integer >= 0, not 'x'")):
+            with self.subTest(bad=bad), torch_direct.experimental(**bad):
+                with self.assertRaisesRegex(RuntimeError, msg):
+                    torch_direct.gather(u, idx)
 
     def test_rows_as_they_are_through_index_select(self):
         # Same-dtype rows and non-negative indices go to index_select on torch's threads: int32
@@ -164,8 +168,8 @@ class TestCpuThreads(TestCase):
             with self.subTest(index=dtype):
                 self.assertEqual(torch_direct.gather(u, idx), src[idx.long()], atol=0, rtol=0)
                 self.assertEqual(torch_direct.gather(u[:, 3:35], idx), src[:, 3:35][idx.long()], atol=0, rtol=0)
-                for env in ({}, {"TORCH_DIRECT_GATHER_OWN_POOL": "1"}):   # index_select + copy_, our loop
-                    with mock.patch.dict(os.environ, env):
+                for env in ({}, {"gather_own_pool": 1}):   # index_select + copy_, our loop
+                    with torch_direct.experimental(**env):
                         self.assertEqual(torch_direct.gather(u, idx, dtype=torch.float16), src[idx.long()].half())
                         self.assertEqual(torch_direct.gather(u.half(), idx, dtype=torch.float32),
                                          src.half()[idx.long()].float())
@@ -185,8 +189,8 @@ class TestCpuThreads(TestCase):
         src = torch.randn(100000, 4)
         u = src.to("unified")
         good = torch.randint(-100000, 100000, (200000,))
-        for env in ({}, {"TORCH_DIRECT_GATHER_OWN_POOL": "1"}):
-            with self.subTest(env=env), mock.patch.dict(os.environ, env):
+        for env in ({}, {"gather_own_pool": 1}):
+            with self.subTest(env=env), torch_direct.experimental(**env):
                 for pos in (0, 131071, 199999):
                     for bad in (100000, -100001):
                         idx = good.clone()
@@ -300,19 +304,19 @@ class TestGatherKernelCUDA(TestCase):
         # The experiment knobs change the launch (rows in flight, load width), never the rows.
         src = torch.randn(3000, 128)
         idx = torch.randint(0, 3000, (7000,))
-        for var, values in (("TORCH_DIRECT_GATHER_WINDOW_ROWS", ("1", "64", "0")),
-                            ("TORCH_DIRECT_GATHER_MAX_UNIT", ("1", "2", "4", "8"))):
+        for var, values in (("gather_window_rows", ("1", "64", "0")),
+                            ("gather_max_unit", ("1", "2", "4", "8"))):
             for v in values:
-                with self.subTest(var=var, value=v), mock.patch.dict(os.environ, {var: v}):
+                with self.subTest(var=var, value=v), torch_direct.experimental(**{var: v}):
                     self.check(src, idx)
                     self.check(src.half(), idx, dtype=torch.float32)
 
     def test_row_per_block_kernel(self):
         # The one-block-per-row kernel (the default on tables of 8 GiB and more), forced on small
-        # tables by TORCH_DIRECT_GATHER_KERNEL=rowblock: every load width, row size, order,
+        # tables by the experimental gather_kernel=rowblock: every load width, row size, order,
         # repeats, a strided table, fused casts (4 elements a load, and 1 where the row is odd).
         g = torch.Generator().manual_seed(1)
-        with mock.patch.dict(os.environ, {"TORCH_DIRECT_GATHER_KERNEL": "rowblock"}):
+        with torch_direct.experimental(gather_kernel="rowblock"):
             for dtype in (torch.float32, torch.float16, torch.uint8):
                 es = torch.tensor([], dtype=dtype).element_size()
                 for row_bytes in (es, 6 if es <= 2 else 8, 200, 512, 4096 + 16, 8192 + es):
@@ -336,15 +340,20 @@ class TestGatherKernelCUDA(TestCase):
             self.assertEqual(torch_direct.gather(base.to("unified")[1:, 3:103], idx.cuda()).cpu(),
                              base[1:, 3:103][idx])
         u = torch.randn(100, 8).to("unified")
-        with mock.patch.dict(os.environ, {"TORCH_DIRECT_GATHER_KERNEL": "fastest"}):
-            with self.assertRaisesRegex(RuntimeError, "TORCH_DIRECT_GATHER_KERNEL must be rowblock or grid"):
+        for bad, msg in (({"gather_kernel": "fastest"}, "gather_kernel must be rowblock or grid, not 'fastest'"),
+                         ({"gather_window_rows": "-3"}, "gather_window_rows must be an integer >= 0, not '-3'"),
+                         ({"gather_max_unit": "0"}, "gather_max_unit must be an integer >= 1, not '0'")):
+            with torch_direct.experimental(**bad), self.assertRaisesRegex(RuntimeError, msg):
                 torch_direct.gather(u, torch.arange(10, device="cuda"))
-        with mock.patch.dict(os.environ, {"TORCH_DIRECT_GATHER_KERNEL": "grid"}):
+        with mock.patch.dict(os.environ, {"TORCH_DIRECT_EXPERIMENTAL": "gather_kernal=grid"}):
+            with self.assertRaisesRegex(RuntimeError, "unknown setting 'gather_kernal'"):
+                torch_direct.gather(u, torch.arange(10, device="cuda"))
+        with torch_direct.experimental(gather_kernel="grid"):
             self.assertEqual(torch_direct.gather(u, torch.arange(10, device="cuda")).cpu(), u.cpu()[:10])
 
     def test_large_tables_read_one_block_per_row(self):
         # A table of 8 GiB takes the one-block-per-row kernel; a gather capped to max_sms SMs,
-        # or TORCH_DIRECT_GATHER_KERNEL=grid, the grid-stride one. Same rows either way.
+        # or the experimental gather_kernel=grid, the grid-stride one. Same rows either way.
         rows = (8 << 30) // 256
         u = torch.empty(rows, 64, dtype=torch.int32, device="unified")
         g = torch.Generator().manual_seed(3)
@@ -368,11 +377,10 @@ class TestGatherKernelCUDA(TestCase):
 
         for env, kw, want in (({}, {}, {"gather_row_per_block_kernel"}),
                               ({}, {"max_sms": 8}, {"gather_kernel"}),
-                              ({"TORCH_DIRECT_GATHER_KERNEL": "grid"}, {}, {"gather_kernel"})):
-            with self.subTest(env=env, kw=kw), mock.patch.dict(os.environ, env):
-                for var in ("TORCH_DIRECT_GATHER_KERNEL", "TORCH_DIRECT_GATHER_WINDOW_ROWS"):
-                    if var not in env:
-                        os.environ.pop(var, None)  # not inherited from the caller's environment
+                              ({"gather_kernel": "grid"}, {}, {"gather_kernel"})):
+            # settings not given are removed (not inherited from the caller's environment)
+            env = {"gather_kernel": None, "gather_window_rows": None, **env}
+            with self.subTest(env=env, kw=kw), torch_direct.experimental(**env):
                 used, y = kernels_and_rows(**kw)
                 self.assertEqual(used, want)
                 self.assertEqual(y, vals[order])
@@ -517,9 +525,9 @@ class TestGatherKernelCUDA(TestCase):
         narrow = torch.randn(50000, 16)
         un = narrow.to("unified")
         i2 = torch.randint(0, 50000, (300000,))
-        for threads, env in ((torch.get_num_threads(), {}), (torch.get_num_threads(), {"TORCH_DIRECT_GATHER_OWN_POOL": "1"}),
+        for threads, env in ((torch.get_num_threads(), {}), (torch.get_num_threads(), {"gather_own_pool": 1}),
                              (max(1, torch.get_num_threads() - 1), {})):
-            with self.subTest(threads=threads, env=env), mock.patch.dict(os.environ, env):
+            with self.subTest(threads=threads, env=env), torch_direct.experimental(**env):
                 y = torch_direct.gather(un, i2.cuda(), cpu_threads=threads, cpu_fraction=0.7)
                 self.assertEqual(y.cpu(), narrow[i2])
         self.assertEqual(torch_direct.hybrid_cpu_fraction(12344), 0.25)  # nothing measured yet

@@ -29,12 +29,25 @@ class TestEnvironmentTable(TestCase):
             for pattern in patterns:
                 sources += sorted((ROOT / folder).rglob(pattern))
         read = {n: p for n, p in names_in(sources).items() if n not in NOT_ENVIRONMENT}
-        self.assertIn("TORCH_DIRECT_GATHER_KERNEL", read)  # the scan finds what it should
+        self.assertIn("TORCH_DIRECT_EXPERIMENTAL", read)  # the scan finds what it should
         rows = set(re.findall(r"^\| `(TORCH_DIRECT_[A-Z0-9_]+)` \|", (ROOT / "README.md").read_text(), re.M))
         missing = {n: str(p) for n, p in read.items() if n not in rows}
         self.assertEqual(missing, {}, "read but not in the README's table of environment variables")
         stale = sorted(rows - set(read) - {"TORCH_DIRECT_CACHE"})  # CACHE: build_scripts/
         self.assertEqual(stale, [], "in the README's table but read nowhere")
+
+    def test_every_experimental_setting_is_in_the_readme_table(self):
+        # One list in the C++ core, the same in Python's helper and in the README's table.
+        from torch_direct._experimental import SETTINGS
+        header = (ROOT / "csrc" / "aten" / "Experimental.h").read_text()
+        block = header[header.index("kSettings[] = {"):header.index("};", header.index("kSettings[] = {"))]
+        core = re.findall(r'^\s*"([a-z_]+)",', block, re.M)
+        self.assertIn("gather_kernel", core)   # the scan finds what it should
+        self.assertEqual(core, list(SETTINGS))
+        readme = (ROOT / "README.md").read_text()
+        table = readme[readme.index("| setting | read by |"):]
+        rows = re.findall(r"^\| `([a-z_]+)` \|", table.split("\n\n")[0], re.M)
+        self.assertEqual(rows, core)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from ._backend import (  # noqa: F401  (on stock torch: registers the device on 
 )
 
 from ._gather import gather, hybrid_cpu_fraction  # noqa: E402
+from ._experimental import experimental  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -38,6 +39,7 @@ __all__ = [
     "cuda_alias",
     "cuda_available",
     "empty_cache",
+    "experimental",
     "gather",
     "hybrid_cpu_fraction",
     "is_unified",

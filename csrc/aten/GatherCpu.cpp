@@ -2,6 +2,7 @@
 // with the dtype cast fused into the copy of each row. Indices are checked
 // before any row is read.
 
+#include "Experimental.h"
 #include "ParallelChunks.h"
 #include "Placement.h"
 #include "UnifiedKernels.h"
@@ -52,14 +53,13 @@ inline int64_t row_of(index_t i, int64_t rows) {
 // Rows ahead of the copy whose cache lines are requested early (0: none).
 // Random rows of a large table each miss the caches (and often the TLB); a
 // loop that copies one row at a time may leave that latency exposed. Off
-// unless TORCH_DIRECT_CPU_GATHER_PREFETCH gives a distance: on the 16-core
+// unless the experimental cpu_gather_prefetch gives a distance: on the 16-core
 // H200 machine (experiments/hybrid_cpu_path_probe.py, 32 GB table, 400K random
 // rows) 16 rows ahead sped the CPU-only gather of 128 B rows up 1.6x in one
 // run and not at all in another, slowed 512 B rows, and slowed the hybrid
 // gather's CPU part at every width (128 B: 14.7 GB/s against 20.1 without).
 int64_t prefetch_distance() {
-  const char* env = std::getenv("TORCH_DIRECT_CPU_GATHER_PREFETCH");
-  return env == nullptr ? 0 : std::max<int64_t>(0, std::atoll(env));
+  return torch_direct::experimental::get_int("cpu_gather_prefetch", 0, 0);
 }
 constexpr int64_t kPrefetchMaxLines = 8;  // at most 512 B of a row
 
@@ -151,9 +151,23 @@ int64_t row_width(const at::Tensor& table) {
   return w;
 }
 
+void check_gather_settings() {
+  namespace ex = torch_direct::experimental;
+  if (const auto k = ex::get("gather_kernel")) {
+    TORCH_CHECK(*k == "rowblock" || *k == "grid", ex::kVariable, ": gather_kernel must be rowblock or grid, not '",
+                *k, "'");
+  }
+  const auto own = ex::get("gather_own_pool");
+  TORCH_CHECK(!own || *own == "0" || *own == "1", ex::kVariable, ": gather_own_pool must be 0 or 1, not '", *own,
+              "'");
+  ex::get_int("gather_window_rows", 0, 0);
+  ex::get_int("gather_max_unit", 16, 1);
+  ex::get_int("cpu_gather_prefetch", 0, 0);
+}
+
 bool cpu_gather_on_torch_threads(int64_t max_threads) {
-  return (max_threads <= 0 || max_threads >= at::get_num_threads()) &&
-         std::getenv("TORCH_DIRECT_GATHER_OWN_POOL") == nullptr;
+  const auto own = torch_direct::experimental::get("gather_own_pool");
+  return (max_threads <= 0 || max_threads >= at::get_num_threads()) && !(own && *own == "1");
 }
 
 // out[i, ...] = table[index[i], ...] for a unified `table` whose rows are
@@ -163,6 +177,7 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
                             int64_t max_threads, bool wait_for_gpu, bool allow_negative,
                             bool indices_checked,
                             const std::function<void(int64_t, int64_t)>& after_chunk) {
+  check_gather_settings();
   TORCH_CHECK(is_unified(table), "gather_rows_cpu: expected a unified table");
   TORCH_CHECK(index.is_cpu() && index.dim() == 1 &&
                   (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt),
@@ -198,7 +213,7 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
   // against 6.0, fp16 -> fp32 29.0 against 2.9). A thread cap
   // below torch's and a caller that wants each piece as it is written
   // (after_chunk) take our loop; so does every call under
-  // TORCH_DIRECT_GATHER_OWN_POOL=1 (for experiments and tests of the loop).
+  // the experimental gather_own_pool=1 (for experiments and tests of the loop).
   if (n > 0 && rows > 0 && !after_chunk && cpu_gather_on_torch_threads(max_threads)) {
     const auto [lo_t, hi_t] = at::aminmax(idx);
     const int64_t lo = lo_t.item<int64_t>();

@@ -18,6 +18,7 @@
 //   4. it runs on the current stream, optionally on fewer SMs than the GPU has.
 // The kernel re-checks each row number and never reads outside the table.
 
+#include "Experimental.h"
 #include "HybridSplit.h"
 #include "Placement.h"
 #include "UnifiedKernels.h"
@@ -270,16 +271,14 @@ int64_t grid_for(int64_t items, int64_t per_block, int max_sms, c10::DeviceIndex
 // faster with 2048 rows of 128 B in flight than with a full grid, while a 1 GB
 // table lost 40% with it (results/gather_window.json). The cap counts rows,
 // not bytes: a byte cap starves wide rows (1 KiB rows with 256 KiB in flight
-// reached 27 GB/s where stock index_select reached 47). TORCH_DIRECT_GATHER_WINDOW_ROWS
-// overrides the choice.
+// reached 27 GB/s where stock index_select reached 47). The experimental
+// gather_window_rows overrides the choice.
 constexpr int64_t kLargeTableBytes = int64_t(8) << 30;
 constexpr int64_t kLargeTableWindowRows = 2048;
 
 int64_t window_rows(int64_t table_bytes) {
-  if (const char* env = std::getenv("TORCH_DIRECT_GATHER_WINDOW_ROWS")) {
-    return std::max<int64_t>(0, std::atoll(env));
-  }
-  return table_bytes >= kLargeTableBytes ? kLargeTableWindowRows : 0;
+  return torch_direct::experimental::get_int("gather_window_rows",
+                                              table_bytes >= kLargeTableBytes ? kLargeTableWindowRows : 0, 0);
 }
 
 // Which read kernel gathers rows of a table of table_bytes. One block per row matched or beat
@@ -289,17 +288,17 @@ int64_t window_rows(int64_t table_bytes) {
 // results/gather_32gb_kernel-*.json), so it is the default on tables of kLargeTableBytes and
 // more; the grid-stride kernel keeps smaller tables (where it reaches 0.9x memcpy) and any
 // gather capped to max_sms SMs (one block per row cannot be capped).
-// TORCH_DIRECT_GATHER_KERNEL=rowblock or =grid forces one kernel on any table.
+// The experimental gather_kernel=rowblock or =grid forces one kernel on any table.
 bool use_row_per_block(int64_t table_bytes) {
-  if (const char* env = std::getenv("TORCH_DIRECT_GATHER_KERNEL")) {
-    const std::string k(env);
-    if (k == "rowblock") {
+  if (const auto k = torch_direct::experimental::get("gather_kernel")) {
+    if (*k == "rowblock") {
       return true;
     }
-    if (k == "grid") {
+    if (*k == "grid") {
       return false;
     }
-    TORCH_CHECK(k.empty(), "TORCH_DIRECT_GATHER_KERNEL must be rowblock or grid, not '", k, "'");
+    TORCH_CHECK(false, torch_direct::experimental::kVariable, ": gather_kernel must be rowblock or grid, not '",
+                *k, "'");
   }
   return table_bytes >= kLargeTableBytes;
 }
@@ -321,13 +320,10 @@ bool aligned(const void* p, int64_t a) {
 }
 
 // The widest of 16/8/4/2/1 bytes dividing the row, the row stride and both
-// base addresses. TORCH_DIRECT_GATHER_MAX_UNIT (bytes) caps it, for
+// base addresses. The experimental gather_max_unit (bytes) caps it, for
 // experiments on the width of each load (experiments/gather_phase_probe.py).
 int copy_unit(int64_t row_bytes, int64_t stride_bytes, const void* in, const void* out) {
-  int64_t cap = 16;
-  if (const char* env = std::getenv("TORCH_DIRECT_GATHER_MAX_UNIT")) {
-    cap = std::atoll(env);
-  }
+  const int64_t cap = torch_direct::experimental::get_int("gather_max_unit", 16, 1);
   for (int u : {16, 8, 4, 2}) {
     if (u <= cap && row_bytes % u == 0 && stride_bytes % u == 0 && aligned(in, u) && aligned(out, u)) {
       return u;
@@ -584,6 +580,7 @@ double fraction_for(const RateKey& key) {
 at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                              GatherOrder order, int64_t max_sms, const char* op,
                              bool allow_negative) {
+  check_gather_settings();
   check_gather_args(table, index, out, op);
   if (index.numel() == 0) {
     return out;
@@ -599,6 +596,7 @@ at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, a
 double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                           int64_t cpu_threads, double cpu_fraction, GatherOrder order,
                           int64_t max_sms, const char* op) {
+  check_gather_settings();   // before the CPU share starts on its threads
   check_gather_args(table, index, out, op);
   TORCH_CHECK(is_unified(table), op, ": the hybrid gather reads a unified table");
   TORCH_CHECK(cpu_threads > 0, op, ": the hybrid gather needs cpu_threads > 0");

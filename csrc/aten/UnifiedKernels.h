@@ -88,8 +88,12 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
 
 // Whether gather_rows_cpu with max_threads (and no after_chunk) runs on
 // torch's intra-op threads (index_select) rather than our own pool: when it
-// may use all of them, unless TORCH_DIRECT_GATHER_OWN_POOL is set.
+// may use all of them, unless the experimental gather_own_pool=1 is set.
 bool cpu_gather_on_torch_threads(int64_t max_threads);
+
+// Refuses (TORCH_CHECK) a bad value of any experimental gather setting
+// (Experimental.h); every gather calls it before it starts.
+void check_gather_settings();
 
 // Row gather into a CUDA tensor (GatherCuda.cu; CUDA builds only).
 // kAuto sorts the rows to read when the index is unsorted and has at least

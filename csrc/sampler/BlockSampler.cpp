@@ -1,6 +1,7 @@
 // Whole-batch neighbour sampling by tensor steps (see BlockSampler.h).
 
 #include "c10_allocator/Text.h"
+#include "csrc/aten/Experimental.h"
 #include "csrc/aten/ParallelChunks.h"
 #include "BlockSampler.h"
 
@@ -31,7 +32,7 @@ void draw(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& deg
   draw_neighbours_cpu(col, begins, degrees, fanout, offsets, seed, stream, slots, src, dst);
 }
 
-// TORCH_DIRECT_SAMPLER_WAITS=fewer: each hop waits for its stream once, in `unique`, instead of
+// TORCH_DIRECT_EXPERIMENTAL=sampler_waits=fewer: each hop waits for its stream once, in `unique`, instead of
 // twice, and the seeds are checked after the first hop instead of before it. The edge count is
 // then read after `unique` has drained the stream (a round trip with nothing queued to wait
 // for), the hop's buffers are sized by the bound n_dst * fanout with the unused tail of `src`
@@ -41,12 +42,12 @@ void draw(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& deg
 // batches are the same either way. Read per call, so that one process can time both; unset or
 // "default": the waits as they were.
 bool fewer_waits() {
-  const char* env = std::getenv("TORCH_DIRECT_SAMPLER_WAITS");
-  if (env == nullptr || *env == '\0' || std::string(env) == "default") {
+  const auto v = torch_direct::experimental::get("sampler_waits");
+  if (!v || *v == "default") {
     return false;
   }
-  TORCH_CHECK(std::string(env) == "fewer", "TORCH_DIRECT_SAMPLER_WAITS must be fewer or default, not '", env,
-              "'");
+  TORCH_CHECK(*v == "fewer", torch_direct::experimental::kVariable, ": sampler_waits must be fewer or default, not '",
+              *v, "'");
   return true;
 }
 

@@ -7,7 +7,8 @@
 // exactly the CPU sampler's numbering. The same steps run on the CPU (a loop
 // for the draw), which is how they are tested without a GPU. The host waits for
 // the stream twice per hop (the edge count, `unique`'s size) and once for the
-// seed check; TORCH_DIRECT_SAMPLER_WAITS=fewer waits once per hop (BlockSampler.cpp).
+// seed check; TORCH_DIRECT_EXPERIMENTAL=sampler_waits=fewer waits once per hop
+// (BlockSampler.cpp).
 
 #include "NeighborSampler.h"
 

@@ -1,0 +1,52 @@
+"""The experimental switch: TORCH_DIRECT_EXPERIMENTAL and torch_direct.experimental()."""
+
+import os
+from unittest import mock
+
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_direct
+from torch_direct._experimental import VARIABLE, parse
+
+
+class TestExperimental(TestCase):
+    def test_parse(self):
+        self.assertEqual(parse(None), {})
+        self.assertEqual(parse(""), {})
+        self.assertEqual(parse("gather_kernel=grid,,gather_window_rows=64"),
+                         {"gather_kernel": "grid", "gather_window_rows": "64"})
+        for bad, msg in (("gather_kernel", "not name=value"), ("=grid", "not name=value"),
+                         ("gather_kernal=grid", "unknown setting 'gather_kernal'"),
+                         ("gather_kernel=grid,gather_kernel=rowblock", "given twice")):
+            with self.assertRaisesRegex(ValueError, msg):
+                parse(bad)
+
+    def test_context_sets_merges_and_restores(self):
+        with mock.patch.dict(os.environ, {VARIABLE: "gather_max_unit=4"}):
+            with torch_direct.experimental(gather_kernel="grid", gather_own_pool=True):
+                self.assertEqual(parse(os.environ[VARIABLE]),
+                                 {"gather_max_unit": "4", "gather_kernel": "grid", "gather_own_pool": "1"})
+                with torch_direct.experimental(gather_max_unit=None, gather_kernel="rowblock"):
+                    self.assertEqual(parse(os.environ[VARIABLE]),
+                                     {"gather_kernel": "rowblock", "gather_own_pool": "1"})
+                self.assertEqual(parse(os.environ[VARIABLE])["gather_kernel"], "grid")
+            self.assertEqual(os.environ[VARIABLE], "gather_max_unit=4")
+        with mock.patch.dict(os.environ, {}, clear=False):
+            os.environ.pop(VARIABLE, None)
+            with torch_direct.experimental(sampler_waits="fewer"):
+                self.assertEqual(os.environ[VARIABLE], "sampler_waits=fewer")
+            self.assertNotIn(VARIABLE, os.environ)
+
+    def test_bad_settings_leave_the_environment_alone(self):
+        with mock.patch.dict(os.environ, {VARIABLE: "gather_max_unit=4"}):
+            for kw, msg in (({"gather_kernal": "grid"}, "unknown setting"),
+                            ({"gather_kernel": "a,b"}, "without ','"),
+                            ({"gather_kernel": ""}, "non-empty")):
+                with self.assertRaisesRegex(ValueError, msg):
+                    with torch_direct.experimental(**kw):
+                        pass
+                self.assertEqual(os.environ[VARIABLE], "gather_max_unit=4")
+
+
+if __name__ == "__main__":
+    run_tests()

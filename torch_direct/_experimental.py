@@ -1,0 +1,73 @@
+"""The one switch for settings that exist only for experiments.
+
+The C++ core reads ``TORCH_DIRECT_EXPERIMENTAL``, a comma-separated list of
+``name=value`` pairs, each time a setting is asked for; :func:`experimental`
+sets it for the duration of a ``with`` block:
+
+    >>> with torch_direct.experimental(gather_kernel="grid", gather_window_rows=2048):
+    ...     y = torch_direct.gather(table, idx)
+
+None of these settings is needed to use the device; the defaults are the measured best.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+VARIABLE = "TORCH_DIRECT_EXPERIMENTAL"
+
+# name -> what it does; the same names as kSettings in csrc/aten/Experimental.h.
+SETTINGS = {
+    "gather_kernel": "rowblock | grid: the CUDA gather's read kernel on any table (default: by table size)",
+    "gather_window_rows": "int >= 0: distinct rows the grid-stride kernel keeps in flight "
+                          "(default: none below 8 GiB tables, 2048 above)",
+    "gather_max_unit": "int >= 1: cap on the bytes of each load, 16/8/4/2/1 (default: 16)",
+    "gather_own_pool": "0 | 1: the CPU gather uses a thread pool of its own instead of ATen's (default: 0)",
+    "cpu_gather_prefetch": "int >= 0: rows ahead whose cache lines the CPU gather requests early (default: 0)",
+    "sampler_waits": "default | fewer: fewer = one host wait per hop in the GPU sampler instead of two",
+}
+
+
+def parse(text: str | None) -> dict[str, str]:
+    """The settings in a ``TORCH_DIRECT_EXPERIMENTAL`` value (ValueError on a bad one)."""
+    out: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item:
+            continue
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise ValueError(f"{VARIABLE}: {item!r} is not name=value (names: {', '.join(SETTINGS)})")
+        if name not in SETTINGS:
+            raise ValueError(f"{VARIABLE}: unknown setting {name!r} (names: {', '.join(SETTINGS)})")
+        if name in out:
+            raise ValueError(f"{VARIABLE}: {name} is given twice")
+        out[name] = value
+    return out
+
+
+@contextmanager
+def experimental(**settings):
+    """Set experimental settings (see :data:`SETTINGS`) for the duration of the block, on top of
+    those already in ``TORCH_DIRECT_EXPERIMENTAL``; a value of None removes a setting. The
+    variable is restored afterwards. Not thread-safe: it changes the process's environment."""
+    before = os.environ.get(VARIABLE)
+    current = parse(before)
+    for name, value in settings.items():
+        if name not in SETTINGS:
+            raise ValueError(f"experimental: unknown setting {name!r} (names: {', '.join(SETTINGS)})")
+        if value is None:
+            current.pop(name, None)
+            continue
+        value = str(int(value) if isinstance(value, bool) else value)
+        if "," in value or "=" in value or not value:
+            raise ValueError(f"experimental: {name}={value!r} must be non-empty, without ',' or '='")
+        current[name] = value
+    os.environ[VARIABLE] = ",".join(f"{k}={v}" for k, v in current.items())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(VARIABLE, None)
+        else:
+            os.environ[VARIABLE] = before
