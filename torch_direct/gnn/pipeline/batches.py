@@ -45,12 +45,13 @@ class PipelinedBatches:
         from .features import make_feature_store
         from .loader import PipelinedLoader
 
-        if args.pipeline == "gpu_resident" and device.type != "cuda":
+        cuda = device.type == "cuda"
+        if args.pipeline == "gpu_resident" and not cuda:
             say("train: gpu_resident on the CPU keeps the features in host memory (no GPU here)", file=sys.stderr)
         graph_on_gpu = args.graph == "gpu"
         merge = args.merge_gathers or max(2, args.prefetch)
         use_gpu_sampler = args.sampler == "gpu" or (
-            args.sampler == "auto" and device.type == "cuda" and (args.pipeline != "cpu_centric" or graph_on_gpu))
+            args.sampler == "auto" and cuda and (args.pipeline != "cpu_centric" or graph_on_gpu))
         if use_gpu_sampler:
             if args.pipeline == "gpu_resident" or graph_on_gpu:
                 graph = graph_to_gpu(ds.graph, device)
@@ -61,15 +62,14 @@ class PipelinedBatches:
             make_sampler = lambda f, s: GPUNeighborSampler(graph, f, seed=s, device=device)  # noqa: E731
         else:
             graph = ds.graph
-            pin = device.type == "cuda"   # the loader's copy of each batch to the GPU is then a DMA
-            make_sampler = lambda f, s: NeighborSampler(graph, f, seed=s, pin_memory=pin)  # noqa: E731
-        cuda = device.type == "cuda"
+            # pinned batches: the loader's copy of each batch to the GPU is then a DMA
+            make_sampler = lambda f, s: NeighborSampler(graph, f, seed=s, pin_memory=cuda)  # noqa: E731
         self.store = make_feature_store(args.pipeline, ds.x, device, torch.float32,
                                         cache_bytes=args.cache_mb << 20,
                                         # ranked by how often the sampler reads a row (its outermost
                                         # hop reads the most rows), not by row length
                                         degree=(access_frequency(ds.graph, args.fanouts[-1])
-                                                if args.cache_mb and cuda else None),
+                                                if args.cache_mb else None),
                                         pin_inplace=ctx is not None,
                                         max_sms=args.gather_sms if cuda and args.gather_sms else None,
                                         cpu_threads=args.gather_cpu_threads if cuda else 0)

@@ -92,8 +92,8 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
             t = steps.start()
             opt.zero_grad(set_to_none=True)
             out = step_model(b.x, b.adjs)
-            if out.size(0) != b.batch_size:   # a loader that runs every layer on the whole subgraph
-                out = out[:b.batch_size]      # keeps the seeds' rows, the first ones
+            # the seeds' rows, the first ones (a loader may run every layer on the whole subgraph)
+            out = out[:b.batch_size]
             loss = F.cross_entropy(out, b.y, ignore_index=-1)
             loss.backward()
             opt.step()
