@@ -33,7 +33,7 @@ constexpr const char* kSettings[] = {
     "sampler_waits",        // default | fewer: the GPU sampler's host waits per hop
 };
 
-bool known(const std::string& name) {
+[[maybe_unused]] bool known(const std::string& name) {
   for (const char* s : kSettings) {
     if (name == s) {
       return true;
@@ -42,7 +42,7 @@ bool known(const std::string& name) {
   return false;
 }
 
-std::string known_list() {
+[[maybe_unused]] std::string known_list() {
   std::string out;
   for (const char* s : kSettings) {
     out += out.empty() ? "" : ", ";
@@ -52,7 +52,7 @@ std::string known_list() {
 }
 
 // The value `name` is given in TORCH_DIRECT_EXPERIMENTAL, or nullopt.
-std::optional<std::string> get(const char* name) {
+[[maybe_unused]] std::optional<std::string> get(const char* name) {
   TORCH_INTERNAL_ASSERT(known(name), "experimental setting ", name, " is not in kSettings");
   const char* env = std::getenv(kVariable);
   if (env == nullptr) {
@@ -85,7 +85,7 @@ std::optional<std::string> get(const char* name) {
 }
 
 // A setting that takes an integer >= lo; `fallback` when it is not given.
-int64_t get_int(const char* name, int64_t fallback, int64_t lo = 0) {
+[[maybe_unused]] int64_t get_int(const char* name, int64_t fallback, int64_t lo = 0) {
   const auto v = get(name);
   if (!v) {
     return fallback;
