@@ -8,17 +8,19 @@
 
 #include <vector>
 
+#include "Export.h"
+
 namespace at::native::unified {
 
-bool is_unified(const at::Tensor& t);
+TORCH_DIRECT_ATEN_API bool is_unified(const at::Tensor& t);
 
 // R1: the first CUDA operand's device. R2: else CPU if any operand is a CPU
 // tensor with at least one dimension. R3: else the current CUDA device, or
 // the CPU when no GPU is usable. (R4 is the caller's: count destinations.)
-c10::Device compute_device(const std::vector<at::Tensor>& operands);
+TORCH_DIRECT_ATEN_API c10::Device compute_device(const std::vector<at::Tensor>& operands);
 
 // The current CUDA device if a GPU is usable, else the CPU (rule R3).
-c10::Device default_compute_device();
+TORCH_DIRECT_ATEN_API c10::Device default_compute_device();
 
 // A CPU or CUDA tensor over the same bytes as unified tensor `u` (same sizes,
 // strides, storage offset, dtype, conj/neg bits). Keeps u's storage alive.
@@ -26,30 +28,30 @@ c10::Device default_compute_device();
 // user of them; a CPU alias first waits for GPU work that uses them.
 // `resizable`: a kernel may resize the alias (out= arguments); see
 // write_back().
-at::Tensor alias_as(const at::Tensor& u, c10::Device target, bool resizable = false);
+TORCH_DIRECT_ATEN_API at::Tensor alias_as(const at::Tensor& u, c10::Device target, bool resizable = false);
 
 // After a kernel wrote into `alias` (from alias_as(u, ..., true)): carry any
 // resize it made over to u, so u is what the kernel's output would be.
-void write_back(const at::Tensor& u, const at::Tensor& alias);
+TORCH_DIRECT_ATEN_API void write_back(const at::Tensor& u, const at::Tensor& alias);
 
 // R6: `view` is a CPU/CUDA view of alias_as(base, ...); return the unified
 // tensor with the same geometry and dtype over base's storage.
-at::Tensor rewrap_view(const at::Tensor& base, const at::Tensor& view);
+TORCH_DIRECT_ATEN_API at::Tensor rewrap_view(const at::Tensor& base, const at::Tensor& view);
 
 // Unified tensors are data sources, not autograd inputs: raise a clear error
 // when one that requires grad is used while grad mode is on (its gradient
 // would be computed on a CPU/CUDA device and rejected by the engine).
-void check_no_grad(const at::Tensor& u, const char* what);
+TORCH_DIRECT_ATEN_API void check_no_grad(const at::Tensor& u, const char* what);
 
 // Raises IndexError unless every index in [lo, hi] (the smallest and largest
 // index asked for) is valid for `size` rows. With `allow_negative`, negative
 // indices count from the end (indexing, take); without, they are errors
 // (index_select, embedding, gather), as in the stock ops. `op` names the
 // caller in the message.
-void check_index_bounds(int64_t lo, int64_t hi, int64_t size, const char* op,
+TORCH_DIRECT_ATEN_API void check_index_bounds(int64_t lo, int64_t hi, int64_t size, const char* op,
                         bool allow_negative = true);
 
 // Waits for GPU work that may touch u's pages (before a host access).
-void synchronize_for_host(const at::Tensor& u);
+TORCH_DIRECT_ATEN_API void synchronize_for_host(const at::Tensor& u);
 
 } // namespace at::native::unified

@@ -9,6 +9,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "Export.h"
+
 #include <cstddef>
 #include <string>
 
@@ -17,10 +19,10 @@ namespace at::native::unified {
 // A unified tensor over t's own pages, no copy (t: a strided CPU tensor; a
 // unified tensor is returned as is). The pages are registered for every GPU
 // now and unregistered when the last alias dies; t keeps them alive.
-at::Tensor pin_inplace(const at::Tensor& t);
+TORCH_DIRECT_ATEN_API at::Tensor pin_inplace(const at::Tensor& t);
 
 // The CPU tensor whose pages a pin_inplace() alias `u` maps, with u's geometry.
-at::Tensor pinned_owner(const at::Tensor& u);
+TORCH_DIRECT_ATEN_API at::Tensor pinned_owner(const at::Tensor& u);
 
 struct SharedHandle {
   int fd;                     // -1 for an empty storage
@@ -30,22 +32,22 @@ struct SharedHandle {
 
 // Moves u's storage into shared memory if needed and returns its handle; the
 // fd stays owned by the allocator (duplicate it to send it).
-SharedHandle share(const at::Tensor& u);
+TORCH_DIRECT_ATEN_API SharedHandle share(const at::Tensor& u);
 
 // A unified tensor over the storage another process shared (fd: -1 for an
 // empty storage; duplicated, the caller keeps its own), with like's geometry
 // and dtype.
-at::Tensor from_shared(int fd, size_t storage_nbytes, const at::Tensor& like);
+TORCH_DIRECT_ATEN_API at::Tensor from_shared(int fd, size_t storage_nbytes, const at::Tensor& like);
 
 // "foreign" (pin_inplace), "shared", or the kind of block the allocator made.
-std::string block_kind(const at::Tensor& u);
+TORCH_DIRECT_ATEN_API std::string block_kind(const at::Tensor& u);
 
 // Whether u's pages are registered (mapped) for GPUs; map them now.
-bool is_mapped(const at::Tensor& u);
-void map_for_gpu(const at::Tensor& u);
+TORCH_DIRECT_ATEN_API bool is_mapped(const at::Tensor& u);
+TORCH_DIRECT_ATEN_API void map_for_gpu(const at::Tensor& u);
 
 // alias_as() (Placement.h) for callers outside ATen, u checked to be unified.
-at::Tensor as_cuda_alias(const at::Tensor& u, int64_t device);
-at::Tensor as_cpu_alias(const at::Tensor& u);
+TORCH_DIRECT_ATEN_API at::Tensor as_cuda_alias(const at::Tensor& u, int64_t device);
+TORCH_DIRECT_ATEN_API at::Tensor as_cpu_alias(const at::Tensor& u);
 
 } // namespace at::native::unified

@@ -12,6 +12,8 @@
 #include <functional>
 #include <optional>
 
+#include "Export.h"
+
 namespace c10 {
 class OperatorHandle;
 }
@@ -71,7 +73,7 @@ void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
 // that every backend without its own kernel inherits; registers the fallback
 // for them under `key` (PrivateUse1 on the extension, Unified on the fork).
 // Returns how many were claimed; later calls return the first call's count.
-int64_t claim_structured_ops(c10::DispatchKey key);
+TORCH_DIRECT_ATEN_API int64_t claim_structured_ops(c10::DispatchKey key);
 
 // Row gather into a CPU tensor with a fused cast (GatherCpu.cpp), on at most
 // max_threads of the intra-op pool's threads (0: as many as it has). Waits for
@@ -81,7 +83,7 @@ int64_t claim_structured_ops(c10::DispatchKey key);
 // after_chunk, when given, is called on the thread that gathered them with
 // each range [b, e) of out's rows as soon as they are written (the hybrid
 // gather starts their copy to the GPU there, while other threads still gather).
-at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
+TORCH_DIRECT_ATEN_API at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                             int64_t max_threads = 0, bool wait_for_gpu = true,
                             bool allow_negative = true, bool indices_checked = false,
                             const std::function<void(int64_t, int64_t)>& after_chunk = nullptr);
@@ -89,11 +91,11 @@ at::Tensor& gather_rows_cpu(const at::Tensor& table, const at::Tensor& index, at
 // Whether gather_rows_cpu with max_threads (and no after_chunk) runs on
 // torch's intra-op threads (index_select) rather than our own pool: when it
 // may use all of them, unless the experimental gather_own_pool=1 is set.
-bool cpu_gather_on_torch_threads(int64_t max_threads);
+TORCH_DIRECT_ATEN_API bool cpu_gather_on_torch_threads(int64_t max_threads);
 
 // Refuses (TORCH_CHECK) a bad value of any experimental gather setting
 // (Experimental.h); every gather calls it before it starts.
-void check_gather_settings();
+TORCH_DIRECT_ATEN_API void check_gather_settings();
 
 // Row gather into a CUDA tensor (GatherCuda.cu; CUDA builds only).
 // kAuto sorts the rows to read when the index is unsorted and has at least
@@ -108,33 +110,33 @@ struct IndexStats {
   bool sorted;  // non-decreasing once negative values are wrapped
 };
 // One pass over a contiguous 1-D CUDA index; synchronizes the current stream.
-IndexStats index_stats_cuda(const at::Tensor& index, int64_t rows);
+TORCH_DIRECT_ATEN_CUDA_API IndexStats index_stats_cuda(const at::Tensor& index, int64_t rows);
 // out[i] = table[index[i]] (rows of `table`, a unified table or one on the
 // index's GPU), cast to out's dtype (any floating pair, or equal dtypes).
 // Raises IndexError before any read if an index is out of range. max_sms > 0
 // caps the SMs used.
-at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
+TORCH_DIRECT_ATEN_CUDA_API at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                              GatherOrder order, int64_t max_sms, const char* op,
                              bool allow_negative = true);
-bool gather_cuda_can_cast(c10::ScalarType from, c10::ScalarType to);
+TORCH_DIRECT_ATEN_CUDA_API bool gather_cuda_can_cast(c10::ScalarType from, c10::ScalarType to);
 // Elements per row of a gather table: the product of the sizes after the
 // first (also for a table with no rows). GatherCpu.cpp.
-int64_t row_width(const at::Tensor& table);
+TORCH_DIRECT_ATEN_API int64_t row_width(const at::Tensor& table);
 // Hybrid gather: the first part of the index is gathered by up to cpu_threads
 // CPU threads into pinned staging and copied to the GPU on a side stream,
 // while the GPU kernel gathers the rest. cpu_fraction < 0 picks the split
 // from the rates measured in earlier hybrid calls for this row size. Returns
 // the fraction used.
-double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
+TORCH_DIRECT_ATEN_CUDA_API double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                           int64_t cpu_threads, double cpu_fraction, GatherOrder order,
                           int64_t max_sms, const char* op);
 // The CPU share the hybrid gather would pick now for rows of row_bytes from a table of
 // table_bytes (rates measured on tables of its size class: below 8 GiB, or 8 GiB and more;
 // kept within [0.05, 0.95]; 0.25 before any measurement).
-double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes, int64_t table_bytes);
+TORCH_DIRECT_ATEN_CUDA_API double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes, int64_t table_bytes);
 
 // Resize the bytes of a unified storage (used by resize_ and the hooks).
-void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes);
+TORCH_DIRECT_ATEN_API void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes);
 } // namespace unified
 
 } // namespace at::native
