@@ -24,6 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--dataset", "tiny", "--threads", "1", "--layers", "builtin", "--hidden", "32", "--batch-size", "256",
         "--no-progress", "--fanouts", "5,3", "--eval-fanouts", "5,3"]
 TWO_GPUS = HAS_GPU and torch.cuda.device_count() >= 2
+requires_distributed = unittest.skipUnless(
+    torch.distributed.is_available(), "this torch is built without torch.distributed (USE_DISTRIBUTED=0)")
 
 
 def free_port() -> int:
@@ -36,6 +38,7 @@ def shm_files() -> set:
     return set(glob.glob("/dev/shm/torch_direct-*"))
 
 
+@requires_distributed
 class TestTorchrun(TestCase):
     @classmethod
     def setUpClass(cls):
@@ -173,6 +176,7 @@ class TestTorchrun(TestCase):
         self.assertEqual(shm_files(), before)
 
 
+@requires_distributed
 class TestScalingBench(TestCase):
     def test_runs_each_count_and_compares(self):
         with tempfile.TemporaryDirectory() as root:

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct
-from common import HAS_GPU, NO_GPU_REASON
+from common import HAS_GPU, IS_FORK, NO_GPU_REASON
 
 
 def _child_write(u, q_out, use_gpu):
@@ -101,13 +101,17 @@ class TestIPC(TestCase):
         self.assertEqual(u[0].item(), -42.0)
 
     def test_pinned_in_place_needs_shared_cpu_memory(self):
+        if IS_FORK:   # the fork's pickler of unified tensors lives in torch itself
+            from torch.unified._reductions import reduce_unified
+        else:
+            from torch_direct._reductions import reduce_unified
         t = torch.randn(100)
         u = torch_direct.pin_inplace(t)
         with self.assertRaisesRegex(RuntimeError, "share_memory_"):
-            torch_direct._reductions.reduce_unified(u)
+            reduce_unified(u)
         shared = torch.randn(100).share_memory_()
         u2 = torch_direct.pin_inplace(shared)
-        fn, args = torch_direct._reductions.reduce_unified(u2)
+        fn, args = reduce_unified(u2)
         self.assertEqual(args[0].data_ptr(), shared.data_ptr())  # the CPU tensor itself
         self.assertEqual(fn(*args).cpu(), shared)
 

@@ -10,6 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOT_ENVIRONMENT = {
     "TORCH_DIRECT_WITH_CUDA": "a compile definition of the CUDA build",
     "TORCH_DIRECT_ALLOCATOR_API": "the allocator's export macro (c10_allocator/Export.h)",
+    "TORCH_DIRECT_ATEN_API": "csrc/aten's export macro (csrc/aten/Export.h)",
+    "TORCH_DIRECT_ATEN_CUDA_API": "csrc/aten's export macro for torch_cuda (csrc/aten/Export.h)",
 }
 
 

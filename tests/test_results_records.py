@@ -11,6 +11,7 @@ import sys
 import tempfile
 import types
 from pathlib import Path
+import unittest
 from unittest import mock
 
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -190,6 +191,7 @@ class TestWriteJson(TestCase):
             self.assertEqual(out.read_text(), before)
             self.assertEqual(sorted(p.name for p in Path(d).iterdir()), ["r.json"])
 
+    @unittest.skipUnless(shutil.which("git"), "git is not installed")
     def test_commit_and_dirty_of_a_checkout(self):
         with tempfile.TemporaryDirectory() as d:
             root = Path(d)
