@@ -14,7 +14,10 @@ PROBE = textwrap.dedent("""
     import json, sys, torch
     if sys.argv[1] == "with":
         import torch_direct
-    acc = torch.accelerator.current_accelerator()
+    try:
+        acc = torch.accelerator.current_accelerator()
+    except RuntimeError as e:   # torch 2.6 without an accelerator raises where newer ones say None
+        acc = "raised: " + str(e).splitlines()[0]
     out = {"acc": None if acc is None else str(acc),
            "available": torch.accelerator.is_available(),
            "count": torch.accelerator.device_count()}
@@ -36,7 +39,11 @@ def probe(mode):
 class TestCoexistence(TestCase):
     def test_accelerator_reports_as_before(self):
         self.assertEqual(probe("with"), probe("without"))
-        self.assertNotEqual(str(torch.accelerator.current_accelerator()), "unified")
+        try:
+            acc = torch.accelerator.current_accelerator()
+        except RuntimeError:   # torch 2.6 without an accelerator raises
+            acc = None
+        self.assertNotEqual(str(acc), "unified")
 
     @extension_only("the fork registers no PrivateUse1 backend, so it needs no accelerator hook")
     def test_accelerator_hook_installed(self):
