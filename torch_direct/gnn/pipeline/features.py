@@ -207,6 +207,19 @@ class GPUResidentFeatureStore(FeatureStore):
         return torch.index_select(self.table, 0, idx.to(device, non_blocking=True)).to(self.dtype)
 
 
+def _check_cache_args(cache_bytes, degree, num_rows, who: str):
+    """``degree`` as a flat tensor, after refusing a bad ``cache_bytes`` or a ``degree`` that
+    is missing or has not one entry per row (``num_rows``; None: not known yet)."""
+    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+        raise ValueError(f"{who}cache_bytes must be an int >= 0, got {cache_bytes!r}")
+    if degree is None:
+        raise ValueError(f"{who}a cache needs degree= (rows are ranked by it)")
+    degree = torch.as_tensor(degree).reshape(-1)
+    if num_rows is not None and degree.numel() != num_rows:
+        raise ValueError(f"{who}degree has {degree.numel()} entries for {num_rows} rows")
+    return degree
+
+
 class CachedFeatureStore(FeatureStore):
     """Any store, with a cache of its hottest rows in its device's memory.
 
@@ -222,13 +235,7 @@ class CachedFeatureStore(FeatureStore):
     def __init__(self, store: FeatureStore, cache_bytes: int, degree):
         if not isinstance(store, FeatureStore) or isinstance(store, CachedFeatureStore):
             raise TypeError(f"CachedFeatureStore: store must be an uncached FeatureStore, got {type(store).__name__}")
-        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
-            raise ValueError(f"CachedFeatureStore: cache_bytes must be an int >= 0, got {cache_bytes!r}")
-        if degree is None:
-            raise ValueError("CachedFeatureStore: a cache needs degree= (rows are ranked by it)")
-        degree = torch.as_tensor(degree).reshape(-1)
-        if degree.numel() != store.num_rows:
-            raise ValueError(f"CachedFeatureStore: degree has {degree.numel()} entries for {store.num_rows} rows")
+        degree = _check_cache_args(cache_bytes, degree, store.num_rows, "CachedFeatureStore: ")
         self.store = store
         self.kind = store.kind
         self.device, self.num_rows, self.dim = store.device, store.num_rows, store.dim
@@ -287,14 +294,11 @@ def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, cache_
     (not for ``gpu_resident``, whose whole table is already in device memory)."""
     if kind not in KINDS:
         raise ValueError(f"unknown feature store {kind!r}: expected one of {', '.join(KINDS)}")
-    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
-        raise ValueError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
     if cache_bytes and kind == "gpu_resident":
         raise ValueError("cache_bytes: the gpu_resident store holds its whole table in device memory already")
-    if cache_bytes and degree is None:
-        raise ValueError("cache_bytes needs degree= (the cache keeps the rows it ranks highest)")
-    if cache_bytes and isinstance(x, torch.Tensor) and torch.as_tensor(degree).numel() != x.shape[0]:
-        raise ValueError(f"degree has {torch.as_tensor(degree).numel()} entries for {x.shape[0]} rows")
+    no_cache = isinstance(cache_bytes, int) and not isinstance(cache_bytes, bool) and cache_bytes == 0
+    if not no_cache:   # checked before the store copies the table (gigabytes, maybe)
+        _check_cache_args(cache_bytes, degree, x.shape[0] if isinstance(x, torch.Tensor) else None, "")
     if kind == "unified":
         store = UnifiedFeatureStore(x, device, dtype, pin_inplace=pin_inplace, max_sms=max_sms,
                                     cpu_threads=cpu_threads)
