@@ -83,7 +83,9 @@ class TestTorchrun(TestCase):
         # Were the group still alive after close (DDP's constructor imports torch.distributed.nn.functional,
         # whose defaults capture group.WORLD), gloo's worker threads would run into interpreter shutdown
         # and now and then abort the rank there ("terminate called without an active exception").
-        code = ("import os, torch\n"
+        # The cycle collector is off, so that close() alone must free what DDP's cycles hold.
+        code = ("import gc, os, torch\n"
+                "gc.disable()\n"
                 "from torch_direct.gnn.pipeline import distributed\n"
                 "tasks = lambda: len(os.listdir('/proc/self/task'))\n"
                 "before = tasks()\n"

@@ -25,6 +25,7 @@ Under torchrun (``WORLD_SIZE`` > 1 in the environment) ``train`` runs one proces
 from __future__ import annotations
 
 import datetime
+import gc
 import math
 import os
 import signal
@@ -131,6 +132,11 @@ class Context:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+            # A DistributedDataParallel module sits in reference cycles that hold the group (and
+            # so gloo's loop threads and the store's server thread) after `del model`: they end
+            # only when the cycle collector next runs, which may be at interpreter shutdown, where
+            # gloo's threads can abort the process. Collect now, so that close() frees them.
+            gc.collect()
 
 
 def init(device_arg: str | None) -> Context:
