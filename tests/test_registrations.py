@@ -37,6 +37,20 @@ class TestRegistrations(TestCase):
         self.assertEqual(torch_direct._C._claimed_structured_ops(), n)
         self.assertTrue(torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor", UNIFIED_DISPATCH_KEY))
 
+    @extension_only("the fork's Unified key has no autograd kernels for unified operands yet")
+    def test_ops_with_derivatives_get_unified_autograd_kernels(self):
+        n = torch_direct._C._claimed_autograd_ops()
+        self.assertGreater(n, 300)
+        self.assertEqual(torch_direct._C._claimed_autograd_ops(), n)
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        for op in ("aten::mm", "aten::index_select", "aten::embedding", "aten::convolution", "aten::add.Tensor",
+                   "aten::sum", "aten::clone", "aten::view", "aten::split.Tensor", "aten::lstm.input",
+                   "aten::add_.Tensor", "aten::copy_"):
+            self.assertTrue(has(op, "AutogradPrivateUse1"), op)
+        # Factories and detach keep PyTorch's own.
+        for op in ("aten::_to_copy", "aten::empty.memory_format", "aten::zeros_like", "aten::detach"):
+            self.assertFalse(has(op, "AutogradPrivateUse1"), op)
+
     def test_generator_output_and_errors(self):
         with tempfile.TemporaryDirectory() as d:
             y = Path(d) / "a.yaml"

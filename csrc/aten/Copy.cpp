@@ -11,6 +11,11 @@
 #include "../../c10_allocator/UnifiedAllocator.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/util/irange.h>
+
+#include <torch/library.h>
 
 #include <algorithm>
 
@@ -104,6 +109,53 @@ at::Tensor _copy_from_and_resize_unified(const at::Tensor& self, const at::Tenso
 
 c10::Scalar _local_scalar_dense_unified(const at::Tensor& self) {
   return at::_local_scalar_dense(alias_as(self, c10::kCPU));
+}
+
+namespace {
+
+// The Conjugate and Negative keys' fallbacks resolve a conjugated or negated
+// input of _copy_from into a copy before calling it, and copying a unified
+// tensor is _copy_from again: conj().clone() of a unified complex tensor
+// recursed until the stack overflowed. _copy_from_unified keeps the bits
+// itself (alias_as carries them to the CPU/CUDA alias, whose copy_ resolves
+// them; a DMA needs both sides' bits equal), so for unified operands these keys
+// pass straight through. Other tensors are resolved as the keys' fallbacks do.
+template <c10::DispatchKey Key>
+void copy_from_math_bit(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                        torch::jit::Stack* stack) {
+  const auto num_args = op.schema().arguments().size();
+  const auto args_begin = stack->size() - num_args;
+  bool any_unified = false;
+  for (const auto i : c10::irange(num_args)) {
+    const auto& v = (*stack)[args_begin + i];
+    any_unified = any_unified || (v.isTensor() && is_unified(v.toTensor()));
+  }
+  if (!any_unified) {
+    for (const auto i : c10::irange(num_args)) {
+      auto& v = (*stack)[args_begin + i];
+      if (v.isTensor()) {
+        const at::Tensor t = v.toTensor();
+        v = Key == c10::DispatchKey::Conjugate ? t.resolve_conj() : t.resolve_neg();
+      }
+    }
+  }
+  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, Key), stack);
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from",
+         torch::CppFunction::makeFromBoxedFunction<&copy_from_math_bit<c10::DispatchKey::Conjugate>>());
+  m.impl("_copy_from_and_resize",
+         torch::CppFunction::makeFromBoxedFunction<&copy_from_math_bit<c10::DispatchKey::Conjugate>>());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from",
+         torch::CppFunction::makeFromBoxedFunction<&copy_from_math_bit<c10::DispatchKey::Negative>>());
+  m.impl("_copy_from_and_resize",
+         torch::CppFunction::makeFromBoxedFunction<&copy_from_math_bit<c10::DispatchKey::Negative>>());
 }
 
 } // namespace at::native

@@ -2,6 +2,7 @@
 // placement rules R1-R6 by running its CPU or CUDA kernel on aliases of the
 // unified operands (same bytes, no copy).
 
+#include "Claims.h"
 #include "Placement.h"
 #include "UnifiedKernels.h"
 
@@ -51,22 +52,6 @@ bool is_write(const c10::AliasInfo* a) {
     }
   }
   return false;
-}
-
-void collect(const c10::IValue& v, std::vector<at::Tensor>& out) {
-  if (v.isTensor()) {
-    out.push_back(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) {
-      out.push_back(t);
-    }
-  } else if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef()) {
-      if (e.isTensor()) {
-        out.push_back(e.toTensor());
-      }
-    }
-  }
 }
 
 // Replace each unified tensor inside `v` by an alias on `target`; remember the
@@ -119,6 +104,27 @@ c10::IValue substitute(const c10::IValue& v, c10::Device target, bool resizable,
   return v;
 }
 
+
+} // namespace
+
+void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
+  if (v.isTensor()) {
+    out.push_back(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) {
+      out.push_back(t);
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) {
+        out.push_back(e.toTensor());
+      }
+    }
+  }
+}
+
+namespace {
+
 void check_range(const at::Tensor& index, int64_t size, const char* op,
                  bool allow_negative = true) {
   if (!index.defined() || index.numel() == 0 || index.scalar_type() == at::kBool ||
@@ -129,6 +135,8 @@ void check_range(const at::Tensor& index, int64_t size, const char* op,
   auto [lo, hi] = at::aminmax(index);
   check_index_bounds(lo.item<int64_t>(), hi.item<int64_t>(), size, op, allow_negative);
 }
+
+} // namespace
 
 // Invariant: no GPU kernel reads host memory through an unchecked index. CPU
 // kernels check their own indices; GPU kernels would only assert on device.
@@ -168,8 +176,6 @@ void check_gather_indices(const c10::OperatorHandle& op, const torch::jit::Stack
   }
 }
 
-} // namespace
-
 void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                       torch::jit::Stack* stack) {
   const auto& schema = op.schema();
@@ -180,7 +186,7 @@ void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   bool unified_device_arg = false;
   for (const auto i : c10::irange(num_args)) {
     const auto& v = (*stack)[args_begin + i];
-    collect(v, operands);
+    collect_tensors(v, operands);
     if (v.isDevice() && v.toDevice().type() == c10::unified::kUnifiedDeviceType) {
       unified_device_arg = true;
     }
@@ -256,14 +262,55 @@ void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   }
 }
 
-// Structured ATen ops carry a CompositeExplicitAutogradNonFunctional kernel
-// that every backend without its own kernel inherits: it allocates the output
-// on self's device and calls the op's out= variant. For unified operands that
-// would put results in unified memory and reject CPU/CUDA operands, against
-// rules R1-R4, so those ops are routed to the fallback explicitly (a direct
-// registration wins over an alias-key kernel). Called once every op is
-// registered (module init of the extension; torch._C's init on the fork).
-int64_t claim_structured_ops(c10::DispatchKey key) {
+namespace {
+
+// Ops that must reach the fallback although a kernel unified tensors would
+// inherit exists. Three kinds:
+// - structured ops: their CompositeExplicitAutogradNonFunctional kernel
+//   allocates the output on self's device and calls the out= variant, which
+//   for unified operands would put results in unified memory and reject
+//   CPU/CUDA operands, against rules R1-R4;
+// - ops whose CompositeExplicitAutograd kernel is the generic version for
+//   backends without their own (math_addr, math_native_layer_norm, ...) while
+//   the CPU or CUDA has a dedicated kernel: the generic version computes
+//   differently from the device the rules pick (bfloat16 accumulation);
+// - kMixedDeviceOps, by name: their own kernels refuse what R1-R3 allow before
+//   the fallback could place them.
+// A direct registration wins over an alias-key kernel, and, for a
+// CompositeImplicitAutograd op, makes its autograd key pass on to it.
+bool must_reach_fallback(const c10::OperatorHandle& op) {
+  using K = c10::DispatchKey;
+  if (op.hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional)) {
+    return true;
+  }
+  return op.hasKernelForDispatchKey(K::CompositeExplicitAutograd) &&
+         (op.hasKernelForDispatchKey(K::CPU) || op.hasKernelForDispatchKey(K::CUDA));
+}
+
+// _convolution sends a PrivateUse1 (or Unified) input to
+// convolution_overrideable, a backend hook with no unified kernel; the RNN
+// composites send it to fused kernels only CUDA has; the others compare their
+// operands' devices themselves, so a CPU index, matrix, tolerance or window
+// beside a unified tensor (R2) fails those checks.
+constexpr const char* kMixedDeviceOps[] = {
+    "convolution", "_convolution", "convolution_backward",
+    "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+    "take_along_dim", "cholesky_solve", "linalg_matrix_rank", "stft",
+};
+
+bool mixed_device_op(const std::string& name) {
+  for (const char* n : kMixedDeviceOps) {
+    if (name == n) {
+      return true;
+    }
+  }
+  return false;
+}
+
+} // namespace
+
+int64_t claim_once(c10::DispatchKey key, const c10::BoxedKernel& kernel,
+                   const std::function<bool(const c10::OperatorHandle&, const std::string&)>& pick) {
   static std::mutex m;
   static std::map<c10::DispatchKey, std::pair<std::unique_ptr<torch::Library>, int64_t>> done;
   std::lock_guard<std::mutex> g(m);
@@ -279,19 +326,29 @@ int64_t claim_structured_ops(c10::DispatchKey key) {
       continue;
     }
     auto op = dispatcher.findOp(name);
-    if (!op.has_value() || op->hasKernelForDispatchKey(key) ||
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+    const std::string base = name.name.substr(6);
+    if (!op.has_value() || !op->hasSchema() || op->hasKernelForDispatchKey(key) || !pick(*op, base)) {
       continue;
     }
-    std::string full = name.name.substr(6);
+    std::string full = base;
     if (!name.overload_name.empty()) {
       full += "." + name.overload_name;
     }
-    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&unified_fallback>());
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedKernel(kernel));
     claimed += 1;
   }
   done.emplace(key, std::make_pair(std::move(lib), claimed));
   return claimed;
+}
+
+// Routes the ops must_reach_fallback and kMixedDeviceOps name to the fallback
+// for `key`. Called once every op is registered (module init of the
+// extension; torch._C's init on the fork); answers how many it claimed.
+int64_t claim_structured_ops(c10::DispatchKey key) {
+  return claim_once(key, c10::BoxedKernel::makeFromFunction<&unified_fallback>(),
+                    [](const c10::OperatorHandle& op, const std::string& name) {
+                      return must_reach_fallback(op) || mixed_device_op(name);
+                    });
 }
 
 } // namespace at::native::unified

@@ -9,6 +9,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 
+#include <atomic>
+
 namespace at::native::unified {
 
 namespace alloc = c10::unified;
@@ -55,7 +57,18 @@ at::Tensor with_math_bits(at::Tensor t, const at::Tensor& like) {
 }
 } // namespace
 
+namespace {
+std::atomic<bool> g_autograd_through_unified{false};
+} // namespace
+
+bool autograd_through_unified() { return g_autograd_through_unified.load(std::memory_order_relaxed); }
+
+void set_autograd_through_unified(bool on) { g_autograd_through_unified.store(on); }
+
 void check_no_grad(const at::Tensor& u, const char* what) {
+  if (autograd_through_unified()) {
+    return;
+  }
   TORCH_CHECK(!(u.requires_grad() && at::GradMode::is_enabled()),
               "torch_direct: ", what, " would record autograd history through a unified tensor "
               "that requires grad. Unified tensors are data sources: their gradients would be "

@@ -38,9 +38,15 @@ TORCH_DIRECT_ATEN_API void write_back(const at::Tensor& u, const at::Tensor& ali
 // tensor with the same geometry and dtype over base's storage.
 TORCH_DIRECT_ATEN_API at::Tensor rewrap_view(const at::Tensor& base, const at::Tensor& view);
 
-// Unified tensors are data sources, not autograd inputs: raise a clear error
-// when one that requires grad is used while grad mode is on (its gradient
-// would be computed on a CPU/CUDA device and rejected by the engine).
+// Whether unified tensors may record autograd history: true once
+// claim_autograd_ops (Autograd.cpp) has given the ops that compute through
+// aliases their autograd kernel for unified operands.
+TORCH_DIRECT_ATEN_API bool autograd_through_unified();
+TORCH_DIRECT_ATEN_API void set_autograd_through_unified(bool on);
+// Without those kernels unified tensors are data sources, not autograd
+// inputs: raise a clear error when one that requires grad is used while grad
+// mode is on (its gradient would be computed on a CPU/CUDA device and
+// rejected by the engine). A no-op once autograd_through_unified().
 TORCH_DIRECT_ATEN_API void check_no_grad(const at::Tensor& u, const char* what);
 
 // Raises IndexError unless every index in [lo, hi] (the smallest and largest

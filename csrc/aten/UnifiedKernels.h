@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include "Export.h"
 
@@ -69,11 +70,30 @@ namespace unified {
 void unified_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                       torch::jit::Stack* stack);
 
-// Structured ATen ops carry a CompositeExplicitAutogradNonFunctional kernel
-// that every backend without its own kernel inherits; registers the fallback
-// for them under `key` (PrivateUse1 on the extension, Unified on the fork).
-// Returns how many were claimed; later calls return the first call's count.
+// The tensors inside one boxed argument (Tensor, Tensor[], Tensor?[]), appended to `out`.
+void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out);
+// Before a CUDA kernel of the gather family reads a unified operand: raises
+// IndexError for an index out of range (the op's arguments start at args_begin).
+void check_gather_indices(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                          size_t args_begin);
+
+// Registers the fallback under `key` (PrivateUse1 on the extension, Unified on
+// the fork) for the ops that must reach it although unified tensors would
+// inherit a kernel: structured ops (CompositeExplicitAutogradNonFunctional),
+// generic CompositeExplicitAutograd kernels of ops the CPU or CUDA has its own
+// kernel for, and the convolutions and composites whose own device checks
+// refuse rules R1-R3 (Fallback.cpp lists them). Returns how many were
+// claimed; later calls return the first call's count.
 TORCH_DIRECT_ATEN_API int64_t claim_structured_ops(c10::DispatchKey key);
+
+// Gives every op with a derivative formula that is not a factory its
+// autograd kernel for unified operands under `autograd_key`
+// (AutogradPrivateUse1 on the extension; `backend_key` is its backend), so
+// that unified tensors may require grad (Autograd.cpp). Call after
+// claim_structured_ops.
+// Returns how many were claimed; later calls return the first call's count.
+TORCH_DIRECT_ATEN_API int64_t claim_autograd_ops(c10::DispatchKey autograd_key,
+                                                 c10::DispatchKey backend_key);
 
 // Row gather into a CPU tensor with a fused cast (GatherCpu.cpp), on at most
 // max_threads of the intra-op pool's threads (0: as many as it has). Waits for

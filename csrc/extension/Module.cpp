@@ -34,9 +34,16 @@ py::tuple share(const at::Tensor& u) {
   return py::make_tuple(h.fd, h.mapped_bytes, h.storage_nbytes);
 }
 
-// Structured ops are routed to the fallback explicitly (Fallback.cpp says why).
+// Structured ops (and the others Fallback.cpp lists) are routed to the
+// fallback explicitly.
 int64_t claim_structured_ops() {
   return at::native::unified::claim_structured_ops(c10::DispatchKey::PrivateUse1);
+}
+
+// Autograd through unified operands (Autograd.cpp); after claim_structured_ops.
+int64_t claim_autograd_ops() {
+  return at::native::unified::claim_autograd_ops(c10::DispatchKey::AutogradPrivateUse1,
+                                                 c10::DispatchKey::PrivateUse1);
 }
 
 } // namespace
@@ -46,10 +53,26 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
              &at::native::unified::unified_fallback>());
 }
 
+// A sparse CPU or CUDA operand beside a unified one (torch.sparse.sampled_addmm
+// of a CSR mask and unified dense matrices) dispatches to the sparse keys of
+// PrivateUse1; unified tensors themselves are dense, and the fallback aliases
+// only them.
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<
+             &at::native::unified::unified_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<
+             &at::native::unified::unified_fallback>());
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   at::native::unified::register_hooks();
   claim_structured_ops();
+  claim_autograd_ops();
   m.def("_claimed_structured_ops", &claim_structured_ops);
+  m.def("_claimed_autograd_ops", &claim_autograd_ops);
   m.def("_install_accelerator_hook", [](std::optional<std::string> previous) {
     std::optional<c10::DeviceType> type;
     if (previous.has_value()) {

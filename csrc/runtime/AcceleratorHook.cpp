@@ -1,5 +1,6 @@
 #include "AcceleratorHook.h"
 
+#include <ATen/DeviceAccelerator.h>
 #include <c10/util/Exception.h>
 
 #include <elf.h>
@@ -23,9 +24,21 @@ std::optional<c10::DeviceType> previous_accelerator(bool checked) {
   return g_previous;
 }
 
-constexpr const char* kSymbol = "_ZN2at11accelerator14getAcceleratorEb";
+// at::accelerator::isAccelerator as libtorch defined it, for every other type.
+bool (*g_is_accelerator)(c10::DeviceType) = nullptr;
+
+bool is_accelerator_but_unified(c10::DeviceType type) {
+  if (type == c10::DeviceType::PrivateUse1) {
+    return false;
+  }
+  return g_is_accelerator != nullptr && g_is_accelerator(type);
+}
+
+constexpr const char* kGetAccelerator = "_ZN2at11accelerator14getAcceleratorEb";
+constexpr const char* kIsAccelerator = "_ZN2at11accelerator13isAcceleratorEN3c1010DeviceTypeE";
 
 struct Search {
+  const char* symbol;
   void* replacement;
   int patched;
 };
@@ -90,7 +103,7 @@ int visit(struct dl_phdr_info* info, size_t, void* data) {
         continue;
       }
       const ElfW(Sym)& sym = symtab[ELF64_R_SYM(r.r_info)];
-      if (std::strcmp(strtab + sym.st_name, kSymbol) != 0) {
+      if (std::strcmp(strtab + sym.st_name, search->symbol) != 0) {
         continue;
       }
       if (write_slot(info->dlpi_addr + r.r_offset, search->replacement)) {
@@ -106,8 +119,15 @@ int visit(struct dl_phdr_info* info, size_t, void* data) {
 int install_accelerator_hook(std::optional<c10::DeviceType> previous) {
 #if defined(__x86_64__)
   g_previous = previous;
-  Search search{reinterpret_cast<void*>(&previous_accelerator), 0};
+  Search search{kGetAccelerator, reinterpret_cast<void*>(&previous_accelerator), 0};
   dl_iterate_phdr(&visit, &search);
+  // The engine also asks whether a gradient's device is an accelerator, to
+  // sync it through that device's streams and events; unified memory has
+  // neither, so its gradients take the path of CPU ones.
+  // (This library's own slot for it is not rebound: it names the original.)
+  g_is_accelerator = &at::accelerator::isAccelerator;
+  Search is{kIsAccelerator, reinterpret_cast<void*>(&is_accelerator_but_unified), 0};
+  dl_iterate_phdr(&visit, &is);
   return search.patched;
 #else
   (void)previous;

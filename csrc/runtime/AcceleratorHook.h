@@ -10,7 +10,9 @@
 // device. Unified memory is host memory served to CUDA, not an accelerator: the
 // extension rebinds the dynamic-linker slots through which libtorch calls
 // at::accelerator::getAccelerator() to a function that gives the previous
-// answer. The fork has no such problem: there, unified is a device type of its
+// answer, and the slots of at::accelerator::isAccelerator() to one that says
+// no for PrivateUse1 (the engine would sync unified gradients through the
+// accelerator's streams and events, which unified memory has not). The fork has no such problem: there, unified is a device type of its
 // own and never an accelerator.
 
 #include <c10/core/DeviceType.h>

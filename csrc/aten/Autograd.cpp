@@ -1,0 +1,221 @@
+// Autograd through unified tensors: a unified tensor may be a leaf that
+// requires grad (a parameter or an embedding table in host memory).
+//
+// Every op with a derivative formula that is not a factory gets a kernel at
+// the unified autograd key. When nothing needs history it passes the call on
+// unchanged (the unified kernel or the fallback: the fast path). Otherwise it
+// stands in, for each unified operand, an alias on the compute device (rules
+// R1-R3): a plain one when the operand needs no gradient, else a
+// differentiable one (ComputeAlias: forward, the same bytes on the compute
+// device; backward, the gradient copied into unified memory, where the engine
+// accumulates it into the leaf's .grad). The op then runs, and records its
+// history, on CPU or CUDA tensors through its own autograd formula, so its
+// gradients are computed where it ran: no node but ComputeAlias (and the
+// leaf's AccumulateGrad) sees a unified input. Views too: while history is
+// recorded, a view of a unified tensor that requires grad is a view of its
+// alias on the compute device. An in-place op or out= into a unified tensor
+// while history is recorded is refused.
+//
+// Factories (_to_copy included) keep PyTorch's own autograd kernel: their
+// formulas send gradients back to the device their input came from.
+
+#include "Claims.h"
+#include "Placement.h"
+#include "UnifiedKernels.h"
+
+#include "../../c10_allocator/UnifiedAllocator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/stack.h>
+#include <c10/util/irange.h>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <string>
+
+namespace at::native::unified {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct ComputeAlias : public torch::autograd::Function<ComputeAlias> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& u, c10::Device target) {
+    at::Tensor alias = alias_as(u, target);
+    // One version counter for both: an in-place change of the unified tensor
+    // between forward and backward is caught as for any saved tensor.
+    alias.unsafeGetTensorImpl()->set_version_counter(u.unsafeGetTensorImpl()->version_counter());
+    return alias;
+  }
+
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    const at::Tensor& g = grads[0];
+    if (!g.defined()) {
+      return {g, at::Tensor()};
+    }
+    TORCH_CHECK(g.layout() == at::kStrided,
+                "torch_direct: a sparse gradient of a unified tensor (", g.layout(), ": an nn.Embedding with "
+                "sparse=True, or an op with a sparse gradient) is not supported; use sparse=False, "
+                "or keep the table on the CPU or a GPU");
+    return {g.to(c10::unified::unified_device()), at::Tensor()};
+  }
+};
+
+// Ops whose autograd kernel is about autograd itself (leaving it, forward-AD
+// duals) or checks the tensor's own history (resizing), not a formula.
+bool keeps_its_own_autograd(const std::string& name) {
+  for (const char* n : {"detach", "detach_", "alias", "lift", "lift_fresh", "_fw_primal", "_make_dual",
+                        "_unpack_dual", "resize_", "resize_as_"}) {
+    if (name == n) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool has_argument_of_kind(const c10::FunctionSchema& schema, c10::TypeKind kind) {
+  for (const auto& a : schema.arguments()) {
+    c10::TypePtr t = a.type();
+    if (const auto opt = t->cast<c10::OptionalType>()) {
+      t = opt->getElementType();
+    }
+    if (const auto list = t->cast<c10::ListType>()) {
+      t = list->getElementType();
+      if (const auto opt = t->cast<c10::OptionalType>()) {
+        t = opt->getElementType();
+      }
+    }
+    if (t->kind() == kind) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool needs_history(const at::Tensor& t) {
+  return t.requires_grad() || t._fw_grad(/*level=*/0).defined();
+}
+
+at::Tensor stand_in(const at::Tensor& t, c10::Device target, bool record) {
+  if (!is_unified(t)) {
+    return t;
+  }
+  if (record && needs_history(t)) {
+    return ComputeAlias::apply(t, target);
+  }
+  return alias_as(t, target);
+}
+
+c10::IValue stand_in(const c10::IValue& v, c10::Device target, bool record) {
+  if (v.isTensor()) {
+    return stand_in(v.toTensor(), target, record);
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) {
+      l.push_back(stand_in(t, target, record));
+    }
+    return l;
+  }
+  if (v.isList()) {
+    // Tensor?[] (the indices of index.Tensor)
+    bool any = false;
+    for (const auto& e : v.toListRef()) {
+      any = any || (e.isTensor() && is_unified(e.toTensor()));
+    }
+    if (!any) {
+      return v;
+    }
+    c10::List<std::optional<at::Tensor>> l;
+    for (const auto& e : v.toListRef()) {
+      if (e.isTensor()) {
+        l.push_back(stand_in(e.toTensor(), target, record));
+      } else {
+        l.push_back(std::nullopt);
+      }
+    }
+    return l;
+  }
+  return v;
+}
+
+void unified_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                      torch::jit::Stack* stack) {
+  const auto num_args = op.schema().arguments().size();
+  const auto args_begin = stack->size() - num_args;
+  std::vector<at::Tensor> operands;
+  for (const auto i : c10::irange(num_args)) {
+    collect_tensors((*stack)[args_begin + i], operands);
+  }
+  bool record = false;
+  if (at::GradMode::is_enabled()) {
+    for (const auto& t : operands) {
+      record = record || (t.defined() && needs_history(t));
+    }
+  }
+  if (!record) {
+    // No history to record: the op's autograd kernel would only pass it on,
+    // to the unified kernel or the fallback.
+    op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+    return;
+  }
+  // History of an in-place op or out= would be attached to the unified
+  // destination itself, whose formulas compute gradients on the compute device
+  // (and composites that copy into a new tensor of their input's device, such
+  // as circular padding, would even sum them wrongly).
+  const auto& arguments = op.schema().arguments();
+  for (const auto i : c10::irange(num_args)) {
+    const auto* info = arguments[i].alias_info();
+    if (info == nullptr || !info->isWrite()) {
+      continue;
+    }
+    std::vector<at::Tensor> written;
+    collect_tensors((*stack)[args_begin + i], written);
+    for (const auto& t : written) {
+      TORCH_CHECK(!is_unified(t), "torch_direct: ", op.schema().name(), " writes into a unified tensor in "
+                  "place while autograd records history through it (an operand requires grad); autograd "
+                  "history of in-place ops and out= on unified tensors is not supported. Run it under "
+                  "torch.no_grad(), or write into a CPU or CUDA tensor.");
+    }
+  }
+  const c10::Device target = compute_device(operands);
+  if (target.is_cuda()) {
+    check_gather_indices(op, *stack, args_begin);
+  }
+  for (const auto i : c10::irange(num_args)) {
+    auto& v = (*stack)[args_begin + i];
+    v = stand_in(v, target, true);
+  }
+  // From the top: the operands are CPU/CUDA tensors now, so the op's own
+  // autograd kernel records its history and its CPU/CUDA kernel computes.
+  op.callBoxed(stack);
+}
+
+} // namespace
+
+int64_t claim_autograd_ops(c10::DispatchKey autograd_key, c10::DispatchKey backend_key) {
+  using K = c10::DispatchKey;
+  const int64_t claimed = claim_once(
+      autograd_key, c10::BoxedKernel::makeFromFunction<&unified_autograd>(),
+      [backend_key](const c10::OperatorHandle& op, const std::string& name) {
+        // Ops with a derivative formula (or a composite whose decomposition a
+        // direct unified registration hides from autograd: claim_structured_ops'
+        // by name), tensor operands, and no device argument (factories,
+        // _to_copy: their outputs' device is the one asked for, and their
+        // formulas send gradients back to the device of their input).
+        const auto& schema = op.schema();
+        const bool derivative = op.hasKernelForDispatchKey(K::Autograd) ||
+                                (op.hasKernelForDispatchKey(backend_key) &&
+                                 op.hasKernelForDispatchKey(K::CompositeImplicitAutograd));
+        return derivative && !keeps_its_own_autograd(name) &&
+               has_argument_of_kind(schema, c10::TypeKind::TensorType) &&
+               !has_argument_of_kind(schema, c10::TypeKind::DeviceObjType);
+      });
+  set_autograd_through_unified(true);
+  return claimed;
+}
+
+} // namespace at::native::unified
