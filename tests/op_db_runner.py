@@ -286,6 +286,21 @@ def check_contract(tc, out, ref, what: str) -> None:
         tc.assertEqual(type(out), type(ref), msg=f"{what}: type")
 
 
+def run_both(unified, reference):
+    """Calls ``unified()`` then ``reference()``: (its result, the reference's,
+    the exception each raised or None)."""
+    out = ref = unified_error = ref_error = None
+    try:
+        out = unified()
+    except Exception as e:
+        unified_error = e
+    try:
+        ref = reference()
+    except Exception as e:
+        ref_error = e
+    return out, ref, unified_error, ref_error
+
+
 def check_op(tc, op, dtype, device: str, ref_device: str, on_sample=lambda k: None) -> dict:
     """Runs every sample of ``op`` at ``dtype`` on ``device`` and on
     ``ref_device`` and compares them: by value (``tc.assertEqual``, upstream's
@@ -314,17 +329,10 @@ def check_op(tc, op, dtype, device: str, ref_device: str, on_sample=lambda k: No
         args = (sample.input, *sample.args)
         ref_args, ref_kwargs = to_reference((args, sample.kwargs), ref_device)
         what = f"sample {k} {describe((args, sample.kwargs))}"
-        unified_error = ref_error = None
-        try:
-            out = op(*args, **sample.kwargs)
-        except Exception as e:
-            unified_error = e
-        try:
-            ref = op(*ref_args, **ref_kwargs)
-        except Exception as e:
-            ref_error = e
+        out, ref, unified_error, ref_error = run_both(lambda: op(*args, **sample.kwargs),
+                                                      lambda: op(*ref_args, **ref_kwargs))
         if unified_error is not None:
-            if ref_error is not None and type(ref_error) is type(unified_error):
+            if type(ref_error) is type(unified_error):
                 stats["both_raised"] += 1
                 k += 1
                 continue
@@ -411,10 +419,7 @@ def _classify(e: Exception) -> dict:
 
 
 def run_job(cls, j: int, on_sample) -> dict:
-    i, dtype = JOBS[j]
-    op = op_db[i]
-    record = {"job": j, "op": op.name, "variant": op.variant_test_name,
-              "dtype": dtype_name(dtype)}
+    record = job_record(j)
     start = time.monotonic()
     try:
         name = job_test_name(j)
@@ -452,10 +457,16 @@ def _injected_faults() -> dict[int, str]:
 
 
 def child_main(first: int, end: int, progress_path: str, results_path: str) -> None:
+    cls = checks_class()
+    child_loop(first, end, progress_path, results_path, lambda j, on_sample: run_job(cls, j, on_sample))
+
+
+def child_loop(first: int, end: int, progress_path: str, results_path: str, run) -> None:
+    """A child's work: ``run(j, on_sample)`` (the outcome record of job j) for
+    jobs [first, end), with the progress and results files run_jobs reads."""
     warnings.simplefilter("ignore")
     faulthandler.enable(all_threads=False)
     torch.set_num_threads(1)
-    cls = checks_class()
     faults = _injected_faults()
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
     progress = os.open(progress_path, flags)
@@ -467,7 +478,7 @@ def child_main(first: int, end: int, progress_path: str, results_path: str) -> N
         elif faults.get(j) == "hang":
             while True:
                 time.sleep(60)
-        record = run_job(cls, j, lambda k, j=j: os.write(progress, f"sample {j} {k}\n".encode()))
+        record = run(j, lambda k, j=j: os.write(progress, f"sample {j} {k}\n".encode()))
         os.write(results, (json.dumps(record) + "\n").encode())
     os.close(progress)
     os.close(results)
@@ -501,10 +512,20 @@ def _signal_name(returncode: int) -> str:
     return f"exit status {returncode}"
 
 
+def job_record(j: int) -> dict:
+    """What names job ``j`` in its outcome."""
+    i, dtype = JOBS[j]
+    op = op_db[i]
+    return {"job": j, "op": op.name, "variant": op.variant_test_name, "dtype": dtype_name(dtype)}
+
+
 def run_jobs(first: int, end: int, log=None, timeout_s: float = JOB_TIMEOUT_S,
-             extra_env: dict | None = None) -> dict[int, dict]:
-    """Outcomes of jobs [first, end), each run in a child process; a child
-    that dies is replaced by one starting at the job after the one it died on."""
+             extra_env: dict | None = None, script: str | None = None,
+             record=job_record) -> dict[int, dict]:
+    """Outcomes of jobs [first, end), each run in a child process
+    (``python SCRIPT child FIRST END PROGRESS RESULTS``: this file, or another
+    runner with the same protocol whose jobs ``record`` names); a child that
+    dies is replaced by one starting at the job after the one it died on."""
     outcomes: dict[int, dict] = {}
     env = dict(os.environ, **(extra_env or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, HERE, env.get("PYTHONPATH")) if p)
@@ -516,7 +537,7 @@ def run_jobs(first: int, end: int, log=None, timeout_s: float = JOB_TIMEOUT_S,
             progress = os.path.join(tmp, f"progress.{restarts}")
             results = os.path.join(tmp, f"results.{restarts}")
             stderr_path = os.path.join(tmp, f"stderr.{restarts}")
-            cmd = [sys.executable, os.path.abspath(__file__), "child", str(start), str(end),
+            cmd = [sys.executable, os.path.abspath(script or __file__), "child", str(start), str(end),
                    progress, results]
             with open(stderr_path, "wb") as err:
                 proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
@@ -542,20 +563,17 @@ def run_jobs(first: int, end: int, log=None, timeout_s: float = JOB_TIMEOUT_S,
                     f"{_tail(stderr_path)}")
             samples = [line.split()[2] for line in lines
                        if line.startswith(f"sample {current} ")]
-            i, dtype = JOBS[current]
-            op = op_db[i]
             how = (f"no progress for {timeout_s} s: killed" if hung
                    else f"the process died: {_signal_name(returncode)}")
-            outcomes[current] = {
-                "job": current, "op": op.name, "variant": op.variant_test_name,
-                "dtype": dtype_name(dtype), "status": "crashed",
-                "sample": int(samples[-1]) if samples else None,
-                "cause": "hung" if hung else _signal_name(returncode),
-                "message": f"{how} at sample {samples[-1] if samples else '(building)'}\n"
-                           f"{_tail(stderr_path)}",
-            }
+            outcomes[current] = dict(
+                record(current), status="crashed",
+                sample=int(samples[-1]) if samples else None,
+                cause="hung" if hung else _signal_name(returncode),
+                message=f"{how} at sample {samples[-1] if samples else '(building)'}\n"
+                        f"{_tail(stderr_path)}")
             if log is not None:
-                log(f"op_db: {op.name}.{op.variant_test_name} {dtype_name(dtype)} crashed ({how})")
+                named = " ".join(str(v) for k, v in record(current).items() if k != "job" and v != "")
+                log(f"{os.path.basename(script or __file__)}: {named} crashed ({how})")
             start = current + 1
             restarts += 1
     return outcomes
@@ -677,21 +695,28 @@ def report(path: str) -> None:
                                          for r in slow))
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli(argv, description: str, child, report_file) -> None:
+    """A runner's command line: ``child FIRST END PROGRESS RESULTS`` (what
+    run_jobs starts: ``child(first, end, progress, results)``) and ``report
+    OUTCOMES`` (``report_file(path)``)."""
+    parser = argparse.ArgumentParser(description=description)
     sub = parser.add_subparsers(dest="command", required=True)
-    child = sub.add_parser("child", help="run jobs [first, end) (used by run_jobs)")
-    child.add_argument("first", type=int)
-    child.add_argument("end", type=int)
-    child.add_argument("progress")
-    child.add_argument("results")
+    child_cmd = sub.add_parser("child", help="run jobs [first, end) (used by run_jobs)")
+    child_cmd.add_argument("first", type=int)
+    child_cmd.add_argument("end", type=int)
+    child_cmd.add_argument("progress")
+    child_cmd.add_argument("results")
     rep = sub.add_parser("report", help="counts and grouped failures of an outcomes file")
     rep.add_argument("outcomes")
     args = parser.parse_args(argv)
     if args.command == "child":
-        child_main(args.first, args.end, args.progress, args.results)
+        child(args.first, args.end, args.progress, args.results)
     else:
-        report(args.outcomes)
+        report_file(args.outcomes)
+
+
+def main(argv=None) -> None:
+    cli(argv, __doc__.splitlines()[0], child_main, report)
 
 
 if __name__ == "__main__":
