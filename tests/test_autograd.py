@@ -127,17 +127,88 @@ class TestAutograd(TestCase):
         with torch.no_grad():
             u.add_(w)
         self.assertEqual(u.cpu(), w.detach().cpu())
-        e = torch.nn.Embedding(10, 4, sparse=True).to("unified")
-        out = e(torch.tensor([1, 2], device=dev)).sum()
-        with self.assertRaisesRegex(RuntimeError, "sparse gradient of a unified tensor"):
-            out.backward()
 
-    def test_gathered_rows_can_require_grad(self):
-        src = torch.randn(10, 4, dtype=torch.float64)
-        u = src.to("unified")
-        rows = u[torch.tensor([1, 3, 3], device=compute_device())].requires_grad_()
-        (rows * 2).sum().backward()
-        self.assertEqual(rows.grad.cpu(), torch.full((3, 4), 2.0, dtype=torch.float64))
+    @extension_only("sparse COO unified tensors are the extension's (SparsePrivateUse1 kernels)")
+    def test_sparse_embedding_in_unified_memory_trains_in_place(self):
+        dev = compute_device()
+        rows, dim = 1000, 8
+        cases = {
+            "SGD": lambda p: torch.optim.SGD(p, lr=0.5),
+            "SGD momentum": lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9),
+            "Adagrad": lambda p: torch.optim.Adagrad(p, lr=0.5),
+            "SparseAdam": lambda p: torch.optim.SparseAdam(p, lr=0.05),
+        }
+        batches = [torch.randint(0, 100, (32,), generator=torch.Generator().manual_seed(s)) for s in range(3)]
+        for name, make_opt in cases.items():
+            torch.manual_seed(0)
+            ref = torch.nn.Embedding(rows, dim, sparse=True).to(dev)
+            emb = torch.nn.Embedding(rows, dim, sparse=True)
+            emb.load_state_dict(ref.state_dict())
+            emb.to("unified")
+            table = emb.weight
+            ptr, before = table.data_ptr(), table.detach().cpu().clone()
+            opt_u, opt_r = make_opt(emb.parameters()), make_opt(ref.parameters())
+            torch_direct.reset_peak_memory_stats()
+            base = torch_direct.memory_stats()["allocated_bytes"]
+            for idx in batches:
+                for m, opt in ((emb, opt_u), (ref, opt_r)):
+                    opt.zero_grad()
+                    out = m(idx.to(dev))
+                    self.assertEqual(out.device, dev, msg=name)
+                    (out * out).sum().backward()
+                    if m is emb:
+                        self.assertEqual(m.weight.grad.layout, torch.sparse_coo, msg=name)
+                        self.assertEqual(m.weight.grad.device.type, "unified", msg=name)
+                    opt.step()
+            # The same rows as on the compute device, updated in place: the
+            # table was neither replaced nor copied (no unified allocation of
+            # its size), and rows no batch touched are unchanged.
+            self.assertIs(emb.weight, table)
+            self.assertEqual(table.device.type, "unified")
+            self.assertEqual(table.data_ptr(), ptr, msg=name)
+            self.assertEqual(table.detach().cpu(), ref.weight.detach().cpu(), msg=name)
+            touched = torch.zeros(rows, dtype=torch.bool)
+            for idx in batches:
+                touched[idx] = True
+            self.assertEqual(table.detach().cpu()[~touched], before[~touched], msg=name)
+            self.assertFalse(torch.equal(table.detach().cpu()[touched], before[touched]), msg=name)
+            # Unified memory allocated beyond the table: the rows' gradients and
+            # the optimizer's dense state (Adagrad's sum, SparseAdam's two
+            # moments), never a second table.
+            table_bytes = table.numel() * table.element_size()
+            state = {"Adagrad": 1, "SparseAdam": 2}.get(name, 0) * table_bytes
+            extra = torch_direct.memory_stats()["allocated_bytes.peak"] - base
+            self.assertLess(extra, state + table_bytes // 2, msg=name)
+
+    @extension_only("sparse COO unified tensors are the extension's (SparsePrivateUse1 kernels)")
+    def test_sparse_unified_tensors_compute_and_check_their_indices(self):
+        dev = compute_device()
+        i = torch.tensor([[0, 2, 2], [1, 0, 1]])
+        v = torch.tensor([1.0, 2.0, 3.0])
+        s = torch.sparse_coo_tensor(i, v, (3, 2)).to(dev)
+        su = s.to("unified")
+        self.assertEqual(su.device.type, "unified")
+        self.assertEqual(su.layout, torch.sparse_coo)
+        self.assertEqual(su._nnz(), 3)
+        self.assertEqual(su._indices().device.type, "unified")
+        self.assertEqual(su.to_dense().cpu(), s.to_dense().cpu())
+        self.assertEqual(su.coalesce().to_dense().cpu(), s.coalesce().to_dense().cpu())
+        d = torch.zeros(3, 2).to("unified")
+        d.add_(su, alpha=2)
+        self.assertEqual(d.cpu(), 2 * s.to_dense().cpu())
+        # an in-place op on the sparse tensor itself keeps it unified
+        su.add_(su)
+        self.assertEqual(su.device.type, "unified")
+        self.assertEqual(su._values().device.type, "unified")
+        self.assertEqual(su.to_dense().cpu(), 2 * s.to_dense().cpu())
+        if dev.type == "cuda":
+            # GPU kernels write through a sparse tensor's indices: a bad one is
+            # an IndexError before any kernel runs, not a device-side assert.
+            bad = torch._sparse_coo_tensor_unsafe(torch.tensor([[0, 5]]), torch.ones(2), (3,)).to("unified")
+            small = torch.zeros(3).to("unified")
+            with self.assertRaisesRegex(IndexError, "index 5 is out of bounds"):
+                small.add_(bad)
+            self.assertEqual(small.cpu(), torch.zeros(3))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,13 @@
 // gradients are computed where it ran: no node but ComputeAlias (and the
 // leaf's AccumulateGrad) sees a unified input. Views too: while history is
 // recorded, a view of a unified tensor that requires grad is a view of its
-// alias on the compute device. An in-place op or out= into a unified tensor
-// while history is recorded is refused.
+// alias on the compute device (the formulas of views that compute, such as
+// split's cat of its outputs' gradients, then compute there as well). An
+// in-place op or out= into a unified tensor while history is recorded is
+// refused. A
+// sparse gradient (nn.Embedding with sparse=True) reaches the leaf as a
+// sparse COO unified tensor, which optimizers apply to the table in place
+// through the fallback.
 //
 // Factories (_to_copy included) keep PyTorch's own autograd kernel: their
 // formulas send gradients back to the device their input came from.
@@ -56,10 +61,10 @@ struct ComputeAlias : public torch::autograd::Function<ComputeAlias> {
     if (!g.defined()) {
       return {g, at::Tensor()};
     }
-    TORCH_CHECK(g.layout() == at::kStrided,
-                "torch_direct: a sparse gradient of a unified tensor (", g.layout(), ": an nn.Embedding with "
-                "sparse=True, or an op with a sparse gradient) is not supported; use sparse=False, "
-                "or keep the table on the CPU or a GPU");
+    if (g.layout() == at::kSparse) {
+      // nn.Embedding(sparse=True): the gradient's rows, in unified memory.
+      return {sparse_to_unified(g), at::Tensor()};
+    }
     return {g.to(c10::unified::unified_device()), at::Tensor()};
   }
 };
@@ -67,13 +72,8 @@ struct ComputeAlias : public torch::autograd::Function<ComputeAlias> {
 // Ops whose autograd kernel is about autograd itself (leaving it, forward-AD
 // duals) or checks the tensor's own history (resizing), not a formula.
 bool keeps_its_own_autograd(const std::string& name) {
-  for (const char* n : {"detach", "detach_", "alias", "lift", "lift_fresh", "_fw_primal", "_make_dual",
-                        "_unpack_dual", "resize_", "resize_as_"}) {
-    if (name == n) {
-      return true;
-    }
-  }
-  return false;
+  return name_in(name, {"detach", "detach_", "alias", "lift", "lift_fresh", "_fw_primal", "_make_dual",
+                        "_unpack_dual", "resize_", "resize_as_"});
 }
 
 bool has_argument_of_kind(const c10::FunctionSchema& schema, c10::TypeKind kind) {
@@ -107,39 +107,6 @@ at::Tensor stand_in(const at::Tensor& t, c10::Device target, bool record) {
     return ComputeAlias::apply(t, target);
   }
   return alias_as(t, target);
-}
-
-c10::IValue stand_in(const c10::IValue& v, c10::Device target, bool record) {
-  if (v.isTensor()) {
-    return stand_in(v.toTensor(), target, record);
-  }
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> l;
-    for (const at::Tensor& t : v.toTensorList()) {
-      l.push_back(stand_in(t, target, record));
-    }
-    return l;
-  }
-  if (v.isList()) {
-    // Tensor?[] (the indices of index.Tensor)
-    bool any = false;
-    for (const auto& e : v.toListRef()) {
-      any = any || (e.isTensor() && is_unified(e.toTensor()));
-    }
-    if (!any) {
-      return v;
-    }
-    c10::List<std::optional<at::Tensor>> l;
-    for (const auto& e : v.toListRef()) {
-      if (e.isTensor()) {
-        l.push_back(stand_in(e.toTensor(), target, record));
-      } else {
-        l.push_back(std::nullopt);
-      }
-    }
-    return l;
-  }
-  return v;
 }
 
 void unified_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
@@ -187,7 +154,7 @@ void unified_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   }
   for (const auto i : c10::irange(num_args)) {
     auto& v = (*stack)[args_begin + i];
-    v = stand_in(v, target, true);
+    v = map_unified(v, [&](const at::Tensor& t) { return stand_in(t, target, true); });
   }
   // From the top: the operands are CPU/CUDA tensors now, so the op's own
   // autograd kernel records its history and its CPU/CUDA kernel computes.

@@ -1,13 +1,18 @@
 #pragma once
-// Registering one boxed kernel for a chosen set of aten ops, once per key
-// (Fallback.cpp's claim_structured_ops, Autograd.cpp's claim_autograd_ops).
+// What the boxed kernels of Fallback.cpp (claim_structured_ops) and
+// Autograd.cpp (claim_autograd_ops) share: registering one kernel for a chosen
+// set of aten ops once per key, and rewriting the unified tensors of a boxed
+// argument.
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/boxing/BoxedKernel.h>
+#include <ATen/core/ivalue.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DispatchKey.h>
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 
 namespace at::native::unified {
@@ -18,5 +23,13 @@ namespace at::native::unified {
 // call's count.
 int64_t claim_once(c10::DispatchKey key, const c10::BoxedKernel& kernel,
                    const std::function<bool(const c10::OperatorHandle&, const std::string&)>& pick);
+
+// `v` with each unified tensor in it (a Tensor, a Tensor[] or a Tensor?[],
+// such as the indices of index.Tensor) replaced by `f(tensor)`, in argument
+// order; `v` itself when it holds none.
+c10::IValue map_unified(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f);
+
+// Whether `name` is one of `names`.
+bool name_in(const std::string& name, std::initializer_list<const char*> names);
 
 } // namespace at::native::unified

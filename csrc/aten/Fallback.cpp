@@ -59,27 +59,32 @@ bool is_write(const c10::AliasInfo* a) {
 c10::IValue substitute(const c10::IValue& v, c10::Device target, bool resizable,
                        std::vector<at::Tensor>& originals,
                        std::vector<at::Tensor>& aliases) {
-  auto swap = [&](const at::Tensor& t) -> at::Tensor {
-    if (!is_unified(t)) {
-      return t;
-    }
+  if (v.isDevice() && v.toDevice().type() == c10::unified::kUnifiedDeviceType) {
+    return target;
+  }
+  return map_unified(v, [&](const at::Tensor& t) {
     at::Tensor a = alias_as(t, target, resizable);
     originals.push_back(t);
     aliases.push_back(a);
     return a;
-  };
+  });
+}
+
+} // namespace
+
+c10::IValue map_unified(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
+  auto one = [&](const at::Tensor& t) { return is_unified(t) ? f(t) : t; };
   if (v.isTensor()) {
-    return swap(v.toTensor());
+    return one(v.toTensor());
   }
   if (v.isTensorList()) {
     c10::List<at::Tensor> l;
     for (const at::Tensor& t : v.toTensorList()) {
-      l.push_back(swap(t));
+      l.push_back(one(t));
     }
     return l;
   }
   if (v.isList()) {
-    // Tensor?[] (e.g. the indices of index.Tensor)
     const auto& ref = v.toListRef();
     bool any = false;
     for (const auto& e : ref) {
@@ -91,21 +96,24 @@ c10::IValue substitute(const c10::IValue& v, c10::Device target, bool resizable,
     c10::List<std::optional<at::Tensor>> l;
     for (const auto& e : ref) {
       if (e.isTensor()) {
-        l.push_back(swap(e.toTensor()));
+        l.push_back(one(e.toTensor()));
       } else {
         l.push_back(std::nullopt);
       }
     }
     return l;
   }
-  if (v.isDevice() && v.toDevice().type() == c10::unified::kUnifiedDeviceType) {
-    return target;
-  }
   return v;
 }
 
-
-} // namespace
+bool name_in(const std::string& name, std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (name == n) {
+      return true;
+    }
+  }
+  return false;
+}
 
 void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
   if (v.isTensor()) {
@@ -274,17 +282,32 @@ namespace {
 //   backends without their own (math_addr, math_native_layer_norm, ...) while
 //   the CPU or CUDA has a dedicated kernel: the generic version computes
 //   differently from the device the rules pick (bfloat16 accumulation);
-// - kMixedDeviceOps, by name: their own kernels refuse what R1-R3 allow before
+// - mixed_device_op, by name: their own kernels refuse what R1-R3 allow before
 //   the fallback could place them.
 // A direct registration wins over an alias-key kernel, and, for a
 // CompositeImplicitAutograd op, makes its autograd key pass on to it.
+bool has_out_argument(const c10::FunctionSchema& schema) {
+  for (const auto& a : schema.arguments()) {
+    if (a.kwarg_only() && a.alias_info() != nullptr && a.alias_info()->isWrite()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool must_reach_fallback(const c10::OperatorHandle& op) {
   using K = c10::DispatchKey;
   if (op.hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional)) {
     return true;
   }
-  return op.hasKernelForDispatchKey(K::CompositeExplicitAutograd) &&
-         (op.hasKernelForDispatchKey(K::CPU) || op.hasKernelForDispatchKey(K::CUDA));
+  if (!op.hasKernelForDispatchKey(K::CompositeExplicitAutograd)) {
+    return false;
+  }
+  // An out= composite computes its functional op and then requires `out` on
+  // the device of that result (the generated *_copy.out and friends): on
+  // aliases from the fallback, both are on the compute device.
+  return op.hasKernelForDispatchKey(K::CPU) || op.hasKernelForDispatchKey(K::CUDA) ||
+         has_out_argument(op.schema());
 }
 
 // _convolution sends a PrivateUse1 (or Unified) input to
@@ -292,19 +315,10 @@ bool must_reach_fallback(const c10::OperatorHandle& op) {
 // composites send it to fused kernels only CUDA has; the others compare their
 // operands' devices themselves, so a CPU index, matrix, tolerance or window
 // beside a unified tensor (R2) fails those checks.
-constexpr const char* kMixedDeviceOps[] = {
-    "convolution", "_convolution", "convolution_backward",
-    "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
-    "take_along_dim", "cholesky_solve", "linalg_matrix_rank", "stft",
-};
-
 bool mixed_device_op(const std::string& name) {
-  for (const char* n : kMixedDeviceOps) {
-    if (name == n) {
-      return true;
-    }
-  }
-  return false;
+  return name_in(name, {"convolution", "_convolution", "convolution_backward",
+                        "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell",
+                        "rnn_relu_cell", "take_along_dim", "cholesky_solve", "linalg_matrix_rank", "stft"});
 }
 
 } // namespace
@@ -341,7 +355,7 @@ int64_t claim_once(c10::DispatchKey key, const c10::BoxedKernel& kernel,
   return claimed;
 }
 
-// Routes the ops must_reach_fallback and kMixedDeviceOps name to the fallback
+// Routes the ops must_reach_fallback and mixed_device_op name to the fallback
 // for `key`. Called once every op is registered (module init of the
 // extension; torch._C's init on the fork); answers how many it claimed.
 int64_t claim_structured_ops(c10::DispatchKey key) {

@@ -5,9 +5,11 @@
 #include "../../c10_allocator/UnifiedAllocator.h"
 
 #include <ATen/ATen.h>
+#include <ATen/SparseTensorImpl.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/irange.h>
 
 #include <atomic>
 
@@ -92,10 +94,52 @@ void synchronize_for_host(const at::Tensor& u) {
   }
 }
 
+namespace {
+
+at::SparseTensorImpl* sparse_impl(const at::Tensor& t) {
+  return static_cast<at::SparseTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+// A sparse COO unified tensor (the sparse gradient of a unified embedding
+// table) holds unified indices and values: its alias on `target` is a sparse
+// tensor over their aliases. A GPU kernel given it writes or reads the dense
+// operand through those indices, so they are checked against its size first.
+at::Tensor alias_sparse_as(const at::Tensor& u, c10::Device target) {
+  auto* impl = sparse_impl(u);
+  at::Tensor indices = alias_as(impl->indices(), target);
+  at::Tensor values = alias_as(impl->values(), target);
+  const int64_t sparse_dim = impl->sparse_dim();
+  if (target.is_cuda() && indices.numel() > 0) {
+    auto [lo, hi] = at::aminmax(indices, /*dim=*/1);
+    lo = lo.cpu();
+    hi = hi.cpu();
+    for (const auto d : c10::irange(sparse_dim)) {
+      check_index_bounds(lo[d].item<int64_t>(), hi[d].item<int64_t>(), u.size(d), "sparse tensor", false);
+    }
+  }
+  return at::_sparse_coo_tensor_unsafe(indices, values, u.sizes(), values.options().layout(at::kSparse),
+                                       impl->coalesced());
+}
+
+} // namespace
+
+at::Tensor sparse_to_unified(const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(t.layout() == at::kSparse);
+  const c10::Device u = c10::unified::unified_device();
+  return at::_sparse_coo_tensor_unsafe(t._indices().to(u), t._values().to(u), t.sizes(),
+                                       t._values().options().device(u).layout(at::kSparse),
+                                       t.is_coalesced());
+}
+
 at::Tensor alias_as(const at::Tensor& u, c10::Device target, bool resizable) {
   TORCH_INTERNAL_ASSERT(is_unified(u));
   TORCH_CHECK(target.is_cpu() || target.is_cuda(),
               "unified tensors run on CPU or CUDA devices, not ", target);
+  if (u.layout() == at::kSparse) {
+    return alias_sparse_as(u, target);
+  }
+  TORCH_CHECK(u.layout() == at::kStrided, "torch_direct: unified tensors are strided or sparse COO, not ",
+              u.layout());
   const c10::Storage& storage = u.storage();
   const auto& dp = storage.data_ptr();
   void* base = dp.get();
@@ -129,6 +173,25 @@ at::Tensor alias_as(const at::Tensor& u, c10::Device target, bool resizable) {
 }
 
 void write_back(const at::Tensor& u, const at::Tensor& alias) {
+  if (u.layout() == at::kSparse) {
+    // An in-place op on the alias (coalesce_, add_ of another sparse tensor)
+    // may have replaced its indices and values: the unified tensor takes
+    // theirs, in unified memory.
+    TORCH_INTERNAL_ASSERT(alias.layout() == at::kSparse);
+    auto* to = sparse_impl(u);
+    auto* from = sparse_impl(alias);
+    const bool same = from->indices().data_ptr() == to->indices().data_ptr() &&
+                      from->values().data_ptr() == to->values().data_ptr() &&
+                      from->indices().sizes() == to->indices().sizes() &&
+                      from->values().sizes() == to->values().sizes() && alias.sizes() == u.sizes();
+    if (!same) {
+      const c10::Device dev = c10::unified::unified_device();
+      to->raw_resize_(from->sparse_dim(), from->dense_dim(), alias.sizes());
+      to->set_indices_and_values_unsafe(from->indices().to(dev), from->values().to(dev));
+    }
+    to->set_coalesced(from->coalesced());
+    return;
+  }
   const bool same_bytes =
       alias.storage().data_ptr().get() == u.storage().data_ptr().get();
   if (same_bytes) {
@@ -146,6 +209,11 @@ void write_back(const at::Tensor& u, const at::Tensor& alias) {
 
 at::Tensor rewrap_view(const at::Tensor& base, const at::Tensor& view) {
   TORCH_INTERNAL_ASSERT(is_unified(base));
+  if (base.layout() != at::kStrided || view.layout() != at::kStrided) {
+    // A sparse tensor's aliasing results (a transpose) share its values, not
+    // its bytes as a view: a unified result holds unified copies.
+    return view.layout() == at::kSparse ? sparse_to_unified(view) : view.to(c10::unified::unified_device());
+  }
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
       c10::TensorImpl::VIEW, c10::Storage(base.storage()), base.key_set(), view.dtype());
   t.unsafeGetTensorImpl()->set_sizes_and_strides(view.sizes(), view.strides(),

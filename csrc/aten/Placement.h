@@ -24,6 +24,8 @@ TORCH_DIRECT_ATEN_API c10::Device default_compute_device();
 
 // A CPU or CUDA tensor over the same bytes as unified tensor `u` (same sizes,
 // strides, storage offset, dtype, conj/neg bits). Keeps u's storage alive.
+// For a sparse COO `u`: a sparse tensor over aliases of its indices and
+// values, the indices checked against u's size when `target` is a GPU.
 // A CUDA alias maps u's pages for GPUs and records the current stream as a
 // user of them; a CPU alias first waits for GPU work that uses them.
 // `resizable`: a kernel may resize the alias (out= arguments); see
@@ -31,8 +33,14 @@ TORCH_DIRECT_ATEN_API c10::Device default_compute_device();
 TORCH_DIRECT_ATEN_API at::Tensor alias_as(const at::Tensor& u, c10::Device target, bool resizable = false);
 
 // After a kernel wrote into `alias` (from alias_as(u, ..., true)): carry any
-// resize it made over to u, so u is what the kernel's output would be.
+// resize it made over to u, so u is what the kernel's output would be (for a
+// sparse u: the alias's indices and values, copied into unified memory when
+// the kernel replaced them).
 TORCH_DIRECT_ATEN_API void write_back(const at::Tensor& u, const at::Tensor& alias);
+
+// A sparse COO tensor on the unified device with copies of sparse tensor `t`'s
+// indices and values.
+TORCH_DIRECT_ATEN_API at::Tensor sparse_to_unified(const at::Tensor& t);
 
 // R6: `view` is a CPU/CUDA view of alias_as(base, ...); return the unified
 // tensor with the same geometry and dtype over base's storage.
