@@ -247,8 +247,48 @@ class TestUpstreamRunner(TestCase):
         self.assertEqual(out["files"]["test_x.py"]["pass_on_second_fail_on_first"], ["b"])
         self.assertEqual(out["files"]["test_x.py"]["ran_on_both"], 3)
 
+    def test_device_generic_tests_are_paired_across_devices(self):
+        ids = ["t.py::TestOpsCPU::test_add_cpu_float32",
+               "t.py::TestOpsPRIVATEUSE1::test_add_unified_float32",
+               "t.py::TestOpsCPU::test_cpu_to_x_cpu",           # the device name inside the test name
+               "t.py::TestOpsUNIFIED::test_cpu_to_x_unified",
+               "t.py::TestOpsCPU::test_only_here_cpu",          # no unified copy: not a pair
+               "t.py::TestPlain::test_plain",                   # not device-generic
+               "t.py::TestOpsCUDA::test_add_cuda_float32"]      # another device
+        pairs = self.runner.pair_tests(ids, "cpu")
+        self.assertEqual(pairs, [
+            ("t.py::TestOps::test_add_{device}_float32", ids[0], ids[1]),
+            ("t.py::TestOps::test_cpu_to_x_{device}", ids[2], ids[3])])
+        self.assertEqual(self.runner.device_key(ids[6], ("cuda", "unified")),
+                         ("cuda", "t.py::TestOps::test_add_{device}_float32"))
+        self.assertIsNone(self.runner.device_key("t.py::TestPlain::test_plain", ("cpu", "unified")))
+
+    def test_device_differences_are_classified_and_known_ones_keep_their_reason(self):
+        pairs = [("k::A::a_{device}", "ra", "ua"), ("k::A::b_{device}", "rb", "ub"),
+                 ("k::A::c_{device}_float32", "rc", "uc"), ("k::A::d_{device}", "rd", "ud")]
+        res = {"passed_ids": ["ra", "ua", "rb", "rc", "ud"], "failed_ids": ["ub", "uc", "rd"]}
+        out = self.runner.classify_pairs(pairs, res, [("k::A::c_{device}_*", "why c")])
+        self.assertEqual(out["both_passed"], 1)
+        self.assertEqual(out["differences"], ["k::A::b_{device}"])
+        self.assertEqual(out["known_differences"], {"k::A::c_{device}_float32": "why c"})
+        self.assertEqual(out["pass_on_unified_fail_on_reference"], ["k::A::d_{device}"])
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "known.txt"
+            p.write_text("# comment\n\nf.py::T::t_{device}  # a reason\n")
+            self.assertEqual(self.runner.read_known(p), [("f.py::T::t_{device}", "a reason")])
+
+    def test_every_known_device_difference_names_a_listed_file_and_a_reason(self):
+        files, _ = self.runner.read_list(self.runner.LIST)
+        for line in self.runner.KNOWN.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                pattern, _, reason = line.partition("#")
+                self.assertIn(pattern.split("::")[0].strip(), files, line)
+                self.assertTrue(reason.strip(), f"no reason: {line}")
+
     def test_bad_arguments_are_refused_before_any_work(self):
         for args, msg in ((["--wheel", "/nonexistent.whl", "--label", "x"], "not a wheel file"),
+                          (["--device", "unified", "--files", "test_nope.py"], "not in upstream_tests.txt"),
+                          (["--device", "unified", "--compare", "a", "b"], "--device runs on its own"),
                           (["--label", "x"], "--wheel and --label are required"),
                           (["--compare", "/nonexistent1", "/nonexistent2"], "no such file")):
             r = subprocess.run([sys.executable, str(ROOT / "build_scripts/run_upstream_tests"), *args],
