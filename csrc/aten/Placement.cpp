@@ -82,6 +82,8 @@ void check_no_grad(const at::Tensor& u, const char* what) {
 void check_index_bounds(int64_t lo, int64_t hi, int64_t size, const char* op,
                         bool allow_negative) {
   using c10::unified::num;
+  // No index is valid for an empty dimension: the stock ops' words for it.
+  TORCH_CHECK_INDEX(size > 0, op, ": index ", num(hi), " is out of bounds for dimension with size 0");
   const int64_t first = allow_negative ? -size : 0;
   TORCH_CHECK_INDEX(lo >= first && hi < size, op, ": index ", num(lo < first ? lo : hi),
                     " is out of bounds for a unified table of size ", num(size),
