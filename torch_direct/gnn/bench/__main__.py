@@ -1,4 +1,4 @@
-"""python -m torch_direct.gnn.bench BENCHMARK [options]   (BENCHMARK: gather, train, train-ablation, scaling)"""
+"""python -m torch_direct.gnn.bench BENCHMARK [options]   (BENCHMARK: gather, train, train-ablation, scaling, embedding)"""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m torch_direct.gnn.bench",
                                  description="PyTorch-Direct benchmarks; each writes JSON and can plot it.")
     sub = ap.add_subparsers(dest="bench")
-    from . import ablation, gather, scaling, train
+    from . import ablation, embedding, gather, scaling, train
 
     # Each benchmark module: its docstring is its help, add_arguments its options, run its body.
-    benches = {"gather": gather, "train": train, "train-ablation": ablation, "scaling": scaling}
+    benches = {"gather": gather, "train": train, "train-ablation": ablation, "scaling": scaling,
+               "embedding": embedding}
     for name, mod in benches.items():
         mod.add_arguments(sub.add_parser(name, help=mod.__doc__.splitlines()[0], description=mod.__doc__,
                                          formatter_class=argparse.RawDescriptionHelpFormatter))
