@@ -108,8 +108,11 @@ at::SparseTensorImpl* sparse_impl(const at::Tensor& t) {
 // operand through those indices, so they are checked against its size first.
 at::Tensor alias_sparse_as(const at::Tensor& u, c10::Device target) {
   auto* impl = sparse_impl(u);
-  at::Tensor indices = alias_as(impl->indices(), target);
-  at::Tensor values = alias_as(impl->values(), target);
+  // Its parts are unified when built here (sparse_to_unified); one built
+  // from parts elsewhere is copied.
+  auto part = [&](const at::Tensor& p) { return is_unified(p) ? alias_as(p, target) : p.to(target); };
+  at::Tensor indices = part(impl->indices());
+  at::Tensor values = part(impl->values());
   const int64_t sparse_dim = impl->sparse_dim();
   if (target.is_cuda() && indices.numel() > 0) {
     auto [lo, hi] = at::aminmax(indices, /*dim=*/1);
