@@ -110,6 +110,43 @@ class TestAutograd(TestCase):
             self.assertLess(l_u[-1], l_u[0])
 
     @extension_only("autograd kernels for unified operands are registered by the extension")
+    def test_graphsage_with_unified_parameters_trains_like_the_compute_device(self):
+        import tempfile
+        from torch_direct.gnn.graph import NeighborSampler
+        from torch_direct.gnn.graph.datasets import load_dataset
+        from torch_direct.gnn.pipeline.models import GNN
+        dev = compute_device()
+        with tempfile.TemporaryDirectory() as root:
+            ds = load_dataset("tiny", root)
+            sampler = NeighborSampler(ds.graph, [5, 5], seed=0)
+            train = ds.split["train"]
+            batches = [sampler.sample(train[i * 64:(i + 1) * 64]) for i in range(4)]
+
+            def trained(where):
+                torch.manual_seed(0)
+                model = GNN("sage", ds.x.size(1), 16, ds.num_classes, 2, dropout=0.0, use_pyg=False)
+                model.to(where)
+                opt = torch.optim.Adam(model.parameters(), lr=0.01)
+                losses = []
+                for sb in batches:
+                    x = ds.x[sb.n_id].to(dev)
+                    out = model(x, [b.to(dev) for b in sb.adjs])[:sb.batch_size]
+                    loss = F.cross_entropy(out, ds.y[sb.n_id[:sb.batch_size]].to(dev))
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss.item())
+                return model, losses
+
+            m_u, l_u = trained("unified")
+            m_d, l_d = trained(dev)
+        self.assertTrue(all(p.device.type == "unified" for p in m_u.parameters()))
+        self.assertEqual(l_u, l_d)
+        self.assertNotEqual(l_u[0], l_u[-1])  # it trained
+        for pu, pd in zip(m_u.parameters(), m_d.parameters()):
+            self.assertEqual(pu.detach().cpu(), pd.detach().cpu())
+
+    @extension_only("autograd kernels for unified operands are registered by the extension")
     def test_recording_history_into_a_unified_tensor_is_a_clear_error(self):
         dev = compute_device()
         u = torch.zeros(3, 4).to("unified")
