@@ -16,10 +16,9 @@
 // alias on the compute device (the formulas of views that compute, such as
 // split's cat of its outputs' gradients, then compute there as well). An
 // in-place op or out= into a unified tensor while history is recorded is
-// refused. A
-// sparse gradient (nn.Embedding with sparse=True) reaches the leaf as a
-// sparse COO unified tensor, which optimizers apply to the table in place
-// through the fallback.
+// refused. A sparse gradient (nn.Embedding with sparse=True) reaches the leaf
+// as a sparse COO unified tensor, which optimizers apply to the table in
+// place through the fallback.
 //
 // Factories (_to_copy included) keep PyTorch's own autograd kernel: their
 // formulas send gradients back to the device their input came from.
