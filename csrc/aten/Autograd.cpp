@@ -98,14 +98,9 @@ bool needs_history(const at::Tensor& t) {
   return t.requires_grad() || t._fw_grad(/*level=*/0).defined();
 }
 
-at::Tensor stand_in(const at::Tensor& t, c10::Device target, bool record) {
-  if (!is_unified(t)) {
-    return t;
-  }
-  if (record && needs_history(t)) {
-    return ComputeAlias::apply(t, target);
-  }
-  return alias_as(t, target);
+// The alias of unified operand `t` on `target`: differentiable when `t` needs history.
+at::Tensor stand_in(const at::Tensor& t, c10::Device target) {
+  return needs_history(t) ? ComputeAlias::apply(t, target) : alias_as(t, target);
 }
 
 void unified_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
@@ -153,7 +148,7 @@ void unified_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   }
   for (const auto i : c10::irange(num_args)) {
     auto& v = (*stack)[args_begin + i];
-    v = map_unified(v, [&](const at::Tensor& t) { return stand_in(t, target, true); });
+    v = map_unified(v, [&](const at::Tensor& t) { return stand_in(t, target); });
   }
   // From the top: the operands are CPU/CUDA tensors now, so the op's own
   // autograd kernel records its history and its CPU/CUDA kernel computes.
