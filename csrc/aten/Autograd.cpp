@@ -129,8 +129,7 @@ void unified_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   // as circular padding, would even sum them wrongly).
   const auto& arguments = op.schema().arguments();
   for (const auto i : c10::irange(num_args)) {
-    const auto* info = arguments[i].alias_info();
-    if (info == nullptr || !info->isWrite()) {
+    if (!is_write(arguments[i].alias_info())) {
       continue;
     }
     std::vector<at::Tensor> written;

@@ -5,6 +5,7 @@
 // argument.
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/alias_info.h>
 #include <ATen/core/boxing/BoxedKernel.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -28,6 +29,10 @@ int64_t claim_once(c10::DispatchKey key, const c10::BoxedKernel& kernel,
 // such as the indices of index.Tensor) replaced by `f(tensor)`, in argument
 // order; `v` itself when it holds none.
 c10::IValue map_unified(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f);
+
+// Whether an argument or return annotated `a` is written (Tensor(a!), or a
+// list of them: Tensor(a!)[]).
+bool is_write(const c10::AliasInfo* a);
 
 // Whether `name` is one of `names`.
 bool name_in(const std::string& name, std::initializer_list<const char*> names);

@@ -39,21 +39,6 @@ bool same_set(const c10::AliasInfo* x, const c10::AliasInfo* y) {
   return x->beforeSets() == y->beforeSets();
 }
 
-bool is_write(const c10::AliasInfo* a) {
-  if (a == nullptr) {
-    return false;
-  }
-  if (a->isWrite()) {
-    return true;
-  }
-  for (const auto& c : a->containedTypes()) {
-    if (c.isWrite()) {
-      return true;
-    }
-  }
-  return false;
-}
-
 // Replace each unified tensor inside `v` by an alias on `target`; remember the
 // originals (in order) so that outputs can be mapped back.
 c10::IValue substitute(const c10::IValue& v, c10::Device target, bool resizable,
@@ -104,6 +89,21 @@ c10::IValue map_unified(const c10::IValue& v, const std::function<at::Tensor(con
     return l;
   }
   return v;
+}
+
+bool is_write(const c10::AliasInfo* a) {
+  if (a == nullptr) {
+    return false;
+  }
+  if (a->isWrite()) {
+    return true;
+  }
+  for (const auto& c : a->containedTypes()) {
+    if (c.isWrite()) {
+      return true;
+    }
+  }
+  return false;
 }
 
 bool name_in(const std::string& name, std::initializer_list<const char*> names) {
