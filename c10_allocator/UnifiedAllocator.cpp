@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -38,10 +39,12 @@ struct Block {
   size_t size = 0;      // bytes mapped (capacity)
   size_t requested = 0; // bytes the current owner asked for
   int fd = -1;          // memfd behind an exact block
+  bool exported = false; // its memfd went to another process: never reused
   std::mutex map_mutex;
   std::atomic<bool> mapped{false};
   uint64_t mapped_generation = 0; // fork_generation() when mapped
   uint64_t generation = 0;        // fork_generation() when created
+  uint64_t epoch = 0;             // forks seen (g_forks) when created or last cached
   std::unique_ptr<HostRegistration> registration;
   std::vector<c10::Stream> streams; // streams that may still touch it
   c10::Storage keep;                // foreign pages' owner
@@ -57,6 +60,8 @@ struct Pending {
 struct State {
   std::mutex mutex;
   std::unordered_map<size_t, std::vector<Block*>> free_lists;
+  std::vector<Block*> large_free; // freed exact blocks, oldest first
+  int64_t large_cached_bytes = 0;
   std::list<Pending> pending;
   int64_t allocated = 0;
   int64_t peak = 0;
@@ -74,10 +79,31 @@ State& state() {
   return *s;
 }
 
+// fork()s this process took part in, as parent or child. A block live at a
+// fork is shared with the other process (MAP_SHARED), so it is never reused
+// once freed: it would change the other process's tensor.
+std::atomic<uint64_t> g_forks{0};
+
+void after_fork_in_parent() {
+  g_forks.fetch_add(1);
+  // The free blocks were unmapped by the child: still ours to reuse.
+  auto& s = state();
+  std::lock_guard<std::mutex> g(s.mutex);
+  for (auto& kv : s.free_lists) {
+    for (Block* b : kv.second) {
+      b->epoch = g_forks.load();
+    }
+  }
+  for (Block* b : s.large_free) {
+    b->epoch = g_forks.load();
+  }
+}
+
 void after_fork_in_child() {
   // Free blocks are shared with the parent, which may reuse them: forget
   // them (unmapping only our view). Pending events belong to the parent's
   // CUDA context.
+  g_forks.fetch_add(1);
   auto& s = state();
   new (&s.mutex) std::mutex();
   for (auto& kv : s.free_lists) {
@@ -88,6 +114,14 @@ void after_fork_in_child() {
     }
   }
   s.free_lists.clear();
+  for (Block* b : s.large_free) {
+    munmap(b->ptr, b->size);
+    close(b->fd);
+    s.reserved -= static_cast<int64_t>(b->size);
+    delete b;
+  }
+  s.large_free.clear();
+  s.large_cached_bytes = 0;
   s.cached_blocks = 0;
   for (auto& p : s.pending) {
     p.block->streams.clear();
@@ -96,7 +130,7 @@ void after_fork_in_child() {
 }
 
 const bool g_atfork = [] {
-  pthread_atfork(nullptr, nullptr, &after_fork_in_child);
+  pthread_atfork(nullptr, &after_fork_in_parent, &after_fork_in_child);
   return true;
 }();
 
@@ -135,6 +169,7 @@ Block* new_cached_block(size_t cls) {
   b->ptr = p;
   b->size = cls;
   b->generation = fork_generation();
+  b->epoch = g_forks.load();
   return b;
 }
 
@@ -204,6 +239,47 @@ Block* new_exact_block(size_t nbytes) {
   b->ptr = p;
   b->size = size;
   b->fd = fd;
+  b->generation = fork_generation();
+  b->epoch = g_forks.load();
+  return b;
+}
+
+// Bytes of freed large blocks kept for reuse: TORCH_DIRECT_UNIFIED_CACHE_MB
+// (0 turns the cache off), by default 1/16 of the host's RAM and at most 4 GiB.
+size_t large_cache_limit() {
+  static const size_t limit = [] {
+    const char* env = std::getenv("TORCH_DIRECT_UNIFIED_CACHE_MB");
+    if (env != nullptr && *env != '\0') {
+      char* end = nullptr;
+      const unsigned long long mb = std::strtoull(env, &end, 10);
+      if (end != env && *end == '\0') {
+        return static_cast<size_t>(mb) << 20;
+      }
+    }
+    return std::min(host_memory_limit() / 16, size_t(4) << 30);
+  }();
+  return limit;
+}
+
+// Under the lock: the smallest cached large block that fits `nbytes` with at
+// most 1/8 to spare, taken out of the cache; or nullptr.
+Block* take_large_locked(State& s, size_t nbytes) {
+  const size_t want = round_up(nbytes, host_page_size());
+  const size_t most = want + want / 8;
+  auto best = s.large_free.end();
+  for (auto it = s.large_free.begin(); it != s.large_free.end(); ++it) {
+    const size_t size = (*it)->size;
+    if (size >= want && size <= most && (best == s.large_free.end() || size < (*best)->size)) {
+      best = it;
+    }
+  }
+  if (best == s.large_free.end()) {
+    return nullptr;
+  }
+  Block* b = *best;
+  s.large_free.erase(best);
+  s.large_cached_bytes -= static_cast<int64_t>(b->size);
+  s.cached_blocks -= 1;
   return b;
 }
 
@@ -222,11 +298,27 @@ void destroy_block(Block* b) {
 // cache or is handed back for destruction.
 void release_locked(State& s, Block* b, std::vector<Block*>& to_destroy) {
   b->streams.clear();
-  // A block inherited across fork() is shared with the other process, which
-  // may still use it: never hand it out again here, just drop our mapping.
-  if (b->kind == Block::kCached && b->generation == fork_generation()) {
+  // A block live at a fork() (in the parent or the child) is shared with the
+  // other process, which may still use it: never hand it out again here, just
+  // drop our mapping.
+  const bool ours = b->generation == fork_generation() && b->epoch == g_forks.load();
+  if (b->kind == Block::kCached && ours) {
     s.free_lists[b->size].push_back(b);
     s.cached_blocks += 1;
+  } else if (b->kind == Block::kExact && ours && !b->exported && b->size <= large_cache_limit()) {
+    // Kept (still registered) for the next request of about its size: a
+    // fresh large block costs a page reservation and a registration.
+    s.large_free.push_back(b);
+    s.large_cached_bytes += static_cast<int64_t>(b->size);
+    s.cached_blocks += 1;
+    while (static_cast<size_t>(s.large_cached_bytes) > large_cache_limit()) {
+      Block* old = s.large_free.front();
+      s.large_free.erase(s.large_free.begin());
+      s.large_cached_bytes -= static_cast<int64_t>(old->size);
+      s.cached_blocks -= 1;
+      s.reserved -= static_cast<int64_t>(old->size);
+      to_destroy.push_back(old);
+    }
   } else {
     s.reserved -= b->kind != Block::kForeign ? static_cast<int64_t>(b->size) : 0;
     to_destroy.push_back(b);
@@ -312,6 +404,8 @@ c10::DataPtr UnifiedAllocator::allocate(size_t nbytes) {
         list.pop_back();
         s.cached_blocks -= 1;
       }
+    } else {
+      b = take_large_locked(s, nbytes);
     }
   }
   bool fresh = false;
@@ -429,6 +523,7 @@ c10::DataPtr UnifiedAllocator::import_shared(int fd, size_t nbytes) {
   b->size = size;
   b->requested = nbytes;
   b->fd = own;
+  b->exported = true; // the sender's pages: never handed out again here
   auto& s = state();
   {
     std::lock_guard<std::mutex> g(s.mutex);
@@ -454,6 +549,8 @@ std::pair<int, size_t> UnifiedAllocator::share(c10::StorageImpl* storage) {
               "breaking that alias. Call share_memory_() on the CPU tensor before "
               "pin_inplace(), or send the CPU tensor and pin it in the receiving process.");
   if (b->kind == Block::kExact) {
+    std::lock_guard<std::mutex> g(state().mutex);
+    b->exported = true; // the receiver maps these pages: never reuse them
     return {b->fd, b->size};
   }
   // A small cached block: move its bytes into a shared block, keep identity.
@@ -470,6 +567,7 @@ std::pair<int, size_t> UnifiedAllocator::share(c10::StorageImpl* storage) {
     s.active_blocks += 1;
     s.num_alloc += 1;
     s.num_shared_migrations += 1;
+    nb->exported = true;
   }
   storage->set_data_ptr_noswap(
       c10::DataPtr(nb->ptr, nb, &UnifiedAllocator::raw_delete, unified_device()));
@@ -569,6 +667,7 @@ std::map<std::string, int64_t> UnifiedAllocator::stats() {
       {"pinned_registrations", static_cast<int64_t>(registration_count())},
       {"active_blocks", s.active_blocks},
       {"cached_blocks", s.cached_blocks},
+      {"cached_large_bytes", s.large_cached_bytes},
       {"pending_free_blocks", static_cast<int64_t>(s.pending.size())},
       {"num_alloc", s.num_alloc},
       {"num_free", s.num_free},
@@ -589,6 +688,12 @@ void UnifiedAllocator::empty_cache() {
       }
       kv.second.clear();
     }
+    for (Block* b : s.large_free) {
+      s.reserved -= static_cast<int64_t>(b->size);
+      to_destroy.push_back(b);
+    }
+    s.large_free.clear();
+    s.large_cached_bytes = 0;
     s.cached_blocks = 0;
   }
   for (Block* b : to_destroy) {

@@ -27,7 +27,82 @@ class TestAllocator(TestCase):
         self.assertLessEqual(grown, n * 1.01)
         self.assertEqual(torch_direct._C._block_kind(u), "exact")
         del u
+        self.assertEqual(stats()["cached_large_bytes"], grown)  # kept for reuse
+        torch_direct.empty_cache()
         self.assertEqual(stats()["reserved_bytes"], before)
+        self.assertEqual(stats()["cached_large_bytes"], 0)
+
+    def test_freed_large_block_serves_a_request_of_about_its_size(self):
+        torch_direct.empty_cache()
+        n = 8 << 20
+        u = torch.empty(n, dtype=torch.uint8, device="unified")
+        reserved = stats()["reserved_bytes"]
+        del u
+        # Up to 1/8 smaller: the cached block, no new pages.
+        v = torch.empty(n - n // 9, dtype=torch.uint8, device="unified")
+        self.assertEqual(stats()["reserved_bytes"], reserved)
+        self.assertEqual(stats()["cached_large_bytes"], 0)
+        v.fill_(7)
+        self.assertTrue(bool((v.cpu() == 7).all()))
+        del v
+        # Larger, or far smaller: fresh pages sized exactly; the cached block stays.
+        for size in (n + 4096, n // 2):
+            reserved = stats()["reserved_bytes"]
+            w = torch.empty(size, dtype=torch.uint8, device="unified")
+            self.assertGreaterEqual(stats()["reserved_bytes"] - reserved, size)
+            self.assertLessEqual(stats()["reserved_bytes"] - reserved, size * 1.01)
+            self.assertGreaterEqual(stats()["cached_large_bytes"], n)
+            del w
+        torch_direct.empty_cache()
+        self.assertEqual(stats()["cached_large_bytes"], 0)
+
+    def test_large_cache_is_bounded(self):
+        code = textwrap.dedent("""
+            import torch, torch_direct
+            stats = torch_direct.memory_stats
+            base = stats()["reserved_bytes"]
+            u = torch.empty(8 << 20, dtype=torch.uint8, device="unified")
+            del u
+            print(stats()["reserved_bytes"] - base, stats()["cached_large_bytes"])
+        """)
+        for limit_mb, cached in (("0", 0), ("4", 0), ("16", 8 << 20)):
+            env = dict(os.environ, TORCH_DIRECT_UNIFIED_CACHE_MB=limit_mb)
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                 text=True, timeout=300)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertEqual(out.stdout.split(), [str(cached), str(cached)], limit_mb)
+
+    def test_block_shared_with_a_forked_child_is_not_reused(self):
+        # The child maps the parent's pages (MAP_SHARED): after the parent frees
+        # its tensor, a new one must not land on pages the child still reads.
+        code = textwrap.dedent("""
+            import os, torch, torch_direct
+            torch.set_num_threads(1)
+            u = torch.full((4 << 20,), 1.0, device="unified")
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(w)
+                os.read(r, 1)  # the parent has freed u and filled a new tensor
+                os._exit(0 if bool((u.cpu() == 1.0).all()) else 3)
+            os.close(r)
+            del u
+            v = torch.full((4 << 20,), 2.0, device="unified")
+            os.write(w, b"x")
+            _, status = os.waitpid(pid, 0)
+            print(os.waitstatus_to_exitcode(status), torch_direct.memory_stats()["cached_large_bytes"])
+        """)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split(), ["0", "0"])
+
+    def test_block_sent_to_another_process_is_not_reused(self):
+        from multiprocessing.reduction import ForkingPickler
+        torch_direct.empty_cache()
+        u = torch.ones(4 << 20, device="unified")
+        data = ForkingPickler.dumps(u)  # what a queue sends: the block's memfd
+        del u, data
+        self.assertEqual(stats()["cached_large_bytes"], 0)
 
     def test_small_blocks_are_cached_and_reused(self):
         a = torch.empty(100, device="unified")
@@ -124,6 +199,7 @@ class TestPinInplace(TestCase):
 class TestAllocatorGPU(TestCase):
     def test_pinned_bytes_within_one_percent(self):
         n = (256 << 20) + 4096 * 3 + 17
+        torch_direct.empty_cache()
         before = stats()["pinned_bytes"]
         u = torch.empty(n, dtype=torch.uint8, device="unified")
         torch_direct._C._map_for_gpu(u)  # (mapped at allocation once CUDA is in use)
@@ -132,6 +208,9 @@ class TestAllocatorGPU(TestCase):
         self.assertGreaterEqual(pinned, n)
         self.assertLessEqual(pinned, n * 1.01)
         del u
+        # Cached for reuse, still registered; released by empty_cache().
+        self.assertGreaterEqual(stats()["pinned_bytes"] - before, n)
+        torch_direct.empty_cache()
         self.assertEqual(stats()["pinned_bytes"], before)
 
     def test_pin_inplace_registers_and_unregisters(self):

@@ -210,6 +210,7 @@ def memory_stats() -> "OrderedDict[str, int]":
     ``reserved_bytes`` (mapped, cache included), ``pinned_bytes`` (page-locked
     for GPUs by this process), ``pinned_in_place_bytes`` (pin_inplace aliases),
     ``pinned_registrations``, ``active_blocks``, ``cached_blocks``,
+    ``cached_large_bytes`` (freed large blocks kept for reuse),
     ``pending_free_blocks`` (freed, waiting for GPU work), ``num_alloc``,
     ``num_free``, ``num_shared_migrations``.
     """
@@ -217,7 +218,7 @@ def memory_stats() -> "OrderedDict[str, int]":
 
 
 def empty_cache() -> None:
-    """Release cached small blocks that no GPU work still uses."""
+    """Release the cached blocks (small and large) that no GPU work still uses."""
     _C._empty_cache()
 
 
