@@ -72,8 +72,12 @@ class TestBenchEmbeddingCPU(TinyDatasetCase):
         self.assertEqual(self.rec["ratios"]["gpu_vs_unified"],
                          self.rows["unified"]["epoch_s"] / self.rows["gpu"]["epoch_s"])
         self.assertEqual(self.rec["targets"], [])                     # the speed target is set on a GPU
+        gap = self.rec["unified_minus_gpu_s"]
+        self.assertEqual(set(gap), set(be.SPLIT))
+        for k in be.SPLIT:
+            self.assertAlmostEqual(gap[k], self.rows["unified"]["split_s"][k] - self.rows["gpu"]["split_s"][k])
         for text in ("| unified |", "| gpu |", "| cpu_optimizer |", "unified_vs_cpu_optimizer:", "gpu_vs_unified:",
-                     "accuracy spread"):
+                     "accuracy spread", "unified's epoch minus gpu's, per part: sample "):
             self.assertIn(text, self.out)
         with open(self.svg) as f:
             self.assertIn("cpu_optimizer", f.read())
