@@ -47,6 +47,7 @@ struct Block {
   uint64_t epoch = 0;             // forks seen (g_forks) when created or last cached
   std::unique_ptr<HostRegistration> registration;
   std::vector<c10::Stream> streams; // streams that may still touch it
+  uint64_t streams_generation = 0;  // fork_generation() when `streams` were recorded
   c10::Storage keep;                // foreign pages' owner
 };
 
@@ -445,6 +446,9 @@ void UnifiedAllocator::raw_delete(void* ctx) {
       s.allocated -= static_cast<int64_t>(b->requested);
     }
     std::vector<void*> events;
+    if (b->streams_generation != fork_generation()) {
+      b->streams.clear(); // the parent's streams: a forked child cannot wait on them
+    }
     for (const auto& st : b->streams) {
       // A deleter must not throw. If the event cannot be recorded the CUDA
       // context is unusable (a sticky error): no kernel can read the block
@@ -607,6 +611,10 @@ void UnifiedAllocator::record_stream(const c10::DataPtr& ptr, c10::Stream stream
     return;
   }
   std::lock_guard<std::mutex> g(state().mutex);
+  if (b->streams_generation != fork_generation()) {
+    b->streams.clear(); // recorded by the parent before a fork()
+    b->streams_generation = fork_generation();
+  }
   for (const auto& s : b->streams) {
     if (s == stream) {
       return;
@@ -623,7 +631,11 @@ void UnifiedAllocator::synchronize_users(const c10::DataPtr& ptr) {
   std::vector<c10::Stream> streams;
   {
     std::lock_guard<std::mutex> g(state().mutex);
-    streams = b->streams;
+    // Streams of the parent of a fork(): its GPU work is not this process's
+    // to wait for (a forked child cannot use the parent's CUDA context).
+    if (b->streams_generation == fork_generation()) {
+      streams = b->streams;
+    }
   }
   for (const auto& s : streams) {
     cuda::stream_synchronize(s);

@@ -78,13 +78,20 @@ class TestAllocator(TestCase):
         code = textwrap.dedent("""
             import os, torch, torch_direct
             torch.set_num_threads(1)
-            u = torch.full((4 << 20,), 1.0, device="unified")
+            u = torch.full((4 << 20,), 1.0, device="unified")  # (on the GPU where there is one)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             r, w = os.pipe()
             pid = os.fork()
             if pid == 0:
                 os.close(w)
                 os.read(r, 1)  # the parent has freed u and filled a new tensor
-                os._exit(0 if bool((u.cpu() == 1.0).all()) else 3)
+                try:  # a CPU read: the child cannot use the parent's CUDA context
+                    os._exit(0 if bool((u.cpu() == 1.0).all()) else 3)
+                except BaseException:
+                    import traceback
+                    traceback.print_exc()
+                    os._exit(4)
             os.close(r)
             del u
             v = torch.full((4 << 20,), 2.0, device="unified")
