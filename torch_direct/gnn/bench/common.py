@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from typing import Callable
 
@@ -44,3 +45,24 @@ def print_markdown(header: list[str], rows: list[list]) -> None:
     print("|" + "---|" * len(header))
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
+
+
+def run_and_report(name: str, path, start: Callable[[], dict], print_table: Callable[[dict], None],
+                   plot=None, draw: Callable | None = None) -> int:
+    """A benchmark command's frame: ``start()`` checks its input and runs, giving the record;
+    bad input or a failure before the first row is ``<name>: error: ...`` with status 2. Then the
+    table, the record's path and, with ``plot``, ``draw(record, plot)``'s chart; status 1 if a row
+    failed, else 0."""
+    try:
+        record = start()
+    except (ValueError, RuntimeError, TypeError, FileNotFoundError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2
+    print_table(record)
+    print(f"wrote {path}")
+    if plot:
+        try:
+            print(f"wrote {draw(record, plot)}")
+        except ValueError as e:     # nothing ran: no bar to draw
+            print(f"{name}: no plot: {e}", file=sys.stderr)
+    return 1 if any(r["status"] == "failed" for r in record["rows"]) else 0

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import check_writable, default_out, machine_record, print_markdown, track, write_json
+from .common import check_writable, default_out, machine_record, print_markdown, run_and_report, track, write_json
 from ..pipeline.options import fanout_list, nonneg_int, positive, resolve_device
 from ..pipeline.timing import Timer, sync
 
@@ -379,7 +379,8 @@ def _plot(record: dict, path) -> Path:
 
 def run(args) -> int:
     path = out_path(args)
-    try:
+
+    def start() -> dict:
         check_writable(path, "--out")
         if args.plot:
             from ..pipeline.plot import check_bench_plot_path
@@ -391,15 +392,6 @@ def run(args) -> int:
         from ..pipeline.models import use_pyg_for
         use_pyg_for(args.layers)
         device = resolve_device(None if args.device == "auto" else args.device)
-        record = run_bench(args, path, device)
-    except (ValueError, RuntimeError, TypeError, FileNotFoundError) as e:
-        print(f"embedding: error: {e}", file=sys.stderr)
-        return 2
-    print_table(record)
-    print(f"wrote {path}")
-    if args.plot:
-        try:
-            print(f"wrote {_plot(record, args.plot)}")
-        except ValueError as e:     # no variant ran: no bar to draw
-            print(f"embedding: no plot: {e}", file=sys.stderr)
-    return 1 if any(r["status"] == "failed" for r in record["rows"]) else 0
+        return run_bench(args, path, device)
+
+    return run_and_report("embedding", path, start, print_table, args.plot, _plot)

@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 
 from .ablation import epoch_seconds
-from .common import check_writable, default_out, machine_record, print_markdown, write_json
+from .common import check_writable, default_out, machine_record, print_markdown, run_and_report, write_json
 from ..pipeline.options import check_machine, resolve_device
 
 PIPELINES = ("unified", "cpu_centric", "gpu_resident", "pyg")
@@ -290,20 +290,12 @@ def print_table(record: dict) -> None:
 
 def run(args) -> int:
     path = out_path(args)
-    try:
+
+    def start() -> dict:
         check_writable(path, "--json" if args.json else "--out")
         if args.plot:
             check_writable(args.plot, "--plot")
-        record = run_bench(args, path)
-    except (ValueError, RuntimeError, TypeError, FileNotFoundError) as e:
-        print(f"train: error: {e}", file=sys.stderr)
-        return 2
-    print_table(record)
-    print(f"wrote {path}")
-    if args.plot:
-        from ..pipeline.plot import write_bench_plot
-        try:
-            print(f"wrote {write_bench_plot(record, args.plot)}")
-        except ValueError as e:     # nothing ran: no bar to draw
-            print(f"train: no plot: {e}", file=sys.stderr)
-    return 1 if any(r["status"] == "failed" for r in record["rows"]) else 0
+        return run_bench(args, path)
+
+    from ..pipeline.plot import write_bench_plot
+    return run_and_report("train", path, start, print_table, args.plot, write_bench_plot)
