@@ -238,6 +238,11 @@ class TestAutograd(TestCase):
         self.assertEqual(su.device.type, "unified")
         self.assertEqual(su._values().device.type, "unified")
         self.assertEqual(su.to_dense().cpu(), 2 * s.to_dense().cpu())
+        # ops with a sparse kernel of their own run it (unsqueeze's composite would as_strided)
+        for dim in (0, 2):
+            e = su.unsqueeze(dim)
+            self.assertEqual((e.device.type, e.layout), ("unified", torch.sparse_coo))
+            self.assertEqual(e.to_dense().cpu(), 2 * s.to_dense().cpu().unsqueeze(dim))
         if dev.type == "cuda":
             # GPU kernels write through a sparse tensor's indices: a bad one is
             # an IndexError before any kernel runs, not a device-side assert.
@@ -247,6 +252,18 @@ class TestAutograd(TestCase):
             with self.assertRaisesRegex(IndexError, "index 5 is out of bounds"):
                 small.add_(bad)
             self.assertEqual(small.cpu(), torch.zeros(3))
+
+    @extension_only("autograd kernels for unified operands are registered by the extension")
+    def test_a_leaf_given_new_sizes_by_set_gets_gradients_of_those_sizes(self):
+        p = torch.nn.Parameter(torch.ones(16, dtype=torch.double).to("unified"))
+        for n in (15, 14):
+            with torch.no_grad():
+                p.set_(p[1:])
+                p.grad = None
+            m = torch.cat((p, p))  # the previous step's graph is still alive here
+            m.sum().backward()
+            self.assertEqual(p.grad.device.type, "unified")
+            self.assertEqual(p.grad.cpu(), torch.full((n,), 2.0, dtype=torch.double))
 
 
 if __name__ == "__main__":

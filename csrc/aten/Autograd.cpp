@@ -69,10 +69,11 @@ struct ComputeAlias : public torch::autograd::Function<ComputeAlias> {
 };
 
 // Ops whose autograd kernel is about autograd itself (leaving it, forward-AD
-// duals) or checks the tensor's own history (resizing), not a formula.
+// duals) or checks the tensor's own history (resizing, set_: a leaf given
+// new sizes gets a new gradient accumulator there), not a formula.
 bool keeps_its_own_autograd(const std::string& name) {
   return name_in(name, {"detach", "detach_", "alias", "lift", "lift_fresh", "_fw_primal", "_make_dual",
-                        "_unpack_dual", "resize_", "resize_as_"});
+                        "_unpack_dual", "resize_", "resize_as_", "set_"});
 }
 
 bool has_argument_of_kind(const c10::FunctionSchema& schema, c10::TypeKind kind) {

@@ -2,6 +2,7 @@
 // PyTorch (hooks, boxed fallback; the per-op kernels are registered by the
 // generated RegisterUnified.cpp) and exposes the runtime to torch_direct.
 
+#include "../aten/Claims.h"
 #include "../aten/GatherBindings.h"
 #include "../aten/HybridSplit.h"
 #include "../aten/ParallelChunks.h"
@@ -58,6 +59,20 @@ int64_t claim_autograd_ops() {
                                                  c10::DispatchKey::PrivateUse1);
 }
 
+// Ops with a sparse kernel of their own (SparseCPU or SparseCUDA) and a
+// CompositeExplicitAutograd one: the composite would serve a sparse COO
+// unified tensor as if it were strided (unsqueeze's as_strided). Routed to the
+// fallback, which runs the sparse kernel on the compute device's aliases.
+int64_t claim_sparse_ops() {
+  using K = c10::DispatchKey;
+  return at::native::unified::claim_once(
+      K::SparsePrivateUse1, c10::BoxedKernel::makeFromFunction<&at::native::unified::unified_fallback>(),
+      [](const c10::OperatorHandle& op, const std::string&) {
+        return op.hasKernelForDispatchKey(K::CompositeExplicitAutograd) &&
+               (op.hasKernelForDispatchKey(K::SparseCPU) || op.hasKernelForDispatchKey(K::SparseCUDA));
+      });
+}
+
 } // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
@@ -103,9 +118,11 @@ TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   at::native::unified::register_hooks();
   claim_structured_ops();
+  claim_sparse_ops();
   claim_autograd_ops();
   m.def("_claimed_structured_ops", &claim_structured_ops);
   m.def("_claimed_autograd_ops", &claim_autograd_ops);
+  m.def("_claimed_sparse_ops", &claim_sparse_ops);
   m.def("_install_accelerator_hook", [](std::optional<std::string> previous) {
     std::optional<c10::DeviceType> type;
     if (previous.has_value()) {
