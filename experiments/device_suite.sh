@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (device tool): build the extension, then run every
 # test file (or the files given as arguments) with a time limit each. Logs and
-# a one-line-per-file summary go to $OUT (default ./device_out).
+# a one-line-per-file summary go to $OUT (default ./device_out). With
+# --build-only it stops after the build.
 set -u
 OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -15,12 +16,18 @@ if [ -n "$wheels" ]; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 t0=$(date +%s)
-if ! MAX_JOBS=${MAX_JOBS:-$(nproc)} python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
+# REUSE_BUILD=1 on a machine still warm from an earlier call keeps the build
+# that is there when it imports with CUDA.
+if [ "${REUSE_BUILD:-0}" = 1 ] && python3 -c "import torch_direct, sys; sys.exit(not torch_direct.built_with_cuda())" 2>/dev/null; then
+  echo "build: reused"
+elif ! MAX_JOBS=${MAX_JOBS:-$(nproc)} python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
+else
+  echo "build: $(( $(date +%s) - t0 )) s"
 fi
-echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, torch_direct; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'built_with_cuda', torch_direct.built_with_cuda())" | tee -a "$OUT/gpu.txt"
+[ "${1:-}" = --build-only ] && exit 0
 files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_*.py)
 for f in "${files[@]}"; do
   name=$(basename "$f" .py)

@@ -194,7 +194,7 @@ def run_job(tc, j: int, on_sample) -> dict:
 
 
 def run_jobs(first: int, end: int, **kw) -> dict[int, dict]:
-    return ops.run_jobs(first, end, script=__file__, record=job_record, **kw)
+    return ops.run_jobs_split(first, end, ops.workers(), script=__file__, record=job_record, **kw)
 
 
 class OutcomeStore:

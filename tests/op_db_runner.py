@@ -66,6 +66,8 @@ JOB_TIMEOUT_S = 180
 STARTUP_TIMEOUT_S = 300
 # Where the outcomes of a test run are written (JSON), when set.
 OUTCOMES_ENV = "TORCH_DIRECT_OP_DB_OUTCOMES"
+# How many child processes run a chunk's jobs side by side (default 1).
+WORKERS_ENV = "TORCH_DIRECT_OP_DB_WORKERS"
 
 STATUSES = ("passed", "failed", "raised", "crashed", "skipped")
 UNIFIED_DEVICE = f"{torch_direct.BACKEND_NAME}:0"
@@ -589,6 +591,42 @@ def run_jobs(first: int, end: int, log=None, timeout_s: float = JOB_TIMEOUT_S,
     return outcomes
 
 
+def workers() -> int:
+    """Children a chunk is split over (``TORCH_DIRECT_OP_DB_WORKERS``, default 1)."""
+    raw = os.environ.get(WORKERS_ENV, "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{WORKERS_ENV} must be a positive integer, not {raw!r}") from None
+    if n < 1:
+        raise ValueError(f"{WORKERS_ENV} must be a positive integer, not {raw!r}")
+    return n
+
+
+def run_jobs_split(first: int, end: int, n: int, **kw) -> dict[int, dict]:
+    """``run_jobs`` over [first, end) cut into ``n`` contiguous ranges, each
+    in its own child at the same time; the outcomes are the same as one
+    child's. If a range fails outside any job, the first such error is raised
+    after every range has ended."""
+    n = max(1, min(n, end - first))
+    if n == 1:
+        return run_jobs(first, end, **kw)
+    from concurrent.futures import ThreadPoolExecutor
+    bounds = [first + (end - first) * k // n for k in range(n + 1)]
+    outcomes: dict[int, dict] = {}
+    errors: list[str] = []
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(run_jobs, a, b, **kw) for a, b in zip(bounds, bounds[1:])]
+        for f in futures:
+            try:
+                outcomes.update(f.result())
+            except RuntimeError as e:
+                errors.append(str(e))
+    if errors:
+        raise RuntimeError(errors[0])
+    return outcomes
+
+
 def _wait(proc: subprocess.Popen, progress: str, timeout_s: float) -> tuple[int, bool]:
     """Waits for the child; kills it when its progress file stops growing for
     ``timeout_s``. Returns (returncode, whether it was killed as hung)."""
@@ -646,7 +684,8 @@ class OutcomeStore:
             start = time.monotonic()
             self.chunks_done.add(chunk)
             try:
-                self.outcomes.update(run_jobs(first, end, log=lambda m: print(m, file=sys.stderr)))
+                self.outcomes.update(run_jobs_split(first, end, workers(),
+                                                    log=lambda m: print(m, file=sys.stderr)))
             except RuntimeError as e:
                 self.chunk_errors[chunk] = str(e)
             finally:

@@ -16,6 +16,9 @@ process, so an op that crashes the interpreter fails as that op's test. The
 first test of each chunk runs the whole chunk; the others read its outcomes.
 """
 
+import os
+import unittest.mock
+
 import torch
 
 import torch_direct  # noqa: F401  (before common_device_type, which lists the device types it tests)
@@ -136,7 +139,9 @@ class TestOpDbRunner(TestCase):
         ref = runner.reference_device()
         runner.check_placement(self, u.view(2, 3), (u,), ref, "view")
         runner.check_placement(self, u + 1, (u,), ref, "add")
-        with self.assertRaisesRegex(AssertionError, "view of .*unified operand"):
+        # A CPU alias breaks R4 everywhere; with CUDA as the compute device, the
+        # CPU is not an allowed output device to begin with.
+        with self.assertRaisesRegex(AssertionError, "view of .*unified operand|output 0 is on cpu"):
             runner.check_placement(self, torch_direct.cpu_alias(u), (u,), ref, "cpu alias")
         with self.assertRaisesRegex(AssertionError, "is on meta"):
             runner.check_placement(self, torch.empty(2, device="meta"), (u,), ref, "meta")
@@ -182,6 +187,23 @@ class TestOpDbRunner(TestCase):
         self.assertEqual((outcomes[j + 1]["status"], outcomes[j + 1]["cause"]), ("crashed", "hung"))
         self.assertEqual(outcomes[j + 2]["status"], "passed")
         self.assertGreater(outcomes[j + 2]["samples"], 0)
+
+    def test_split_run_gives_each_job_one_outcome(self):
+        abs_op = next(op for op in op_db if runner.op_key(op) == ("abs", ""))
+        j = runner.JOB_INDEX[(runner.OP_INDEX[id(abs_op)], torch.float32)]
+        outcomes = runner.run_jobs_split(j, j + 4, 2, timeout_s=30,
+                                         extra_env={runner.FAULT_ENV: f"crash:{j + 2}"})
+        self.assertEqual(sorted(outcomes), [j, j + 1, j + 2, j + 3])
+        self.assertEqual([outcomes[k]["job"] for k in sorted(outcomes)], [j, j + 1, j + 2, j + 3])
+        self.assertEqual((outcomes[j + 2]["status"], outcomes[j + 2]["cause"]), ("crashed", "SIGSEGV"))
+        self.assertEqual(outcomes[j + 3]["status"], "passed")
+
+    def test_workers_setting_is_checked(self):
+        for bad in ("0", "-2", "two"):
+            with unittest.mock.patch.dict(os.environ, {runner.WORKERS_ENV: bad}):
+                with self.assertRaisesRegex(ValueError, runner.WORKERS_ENV):
+                    runner.workers()
+
 
 if __name__ == "__main__":
     run_tests()
