@@ -24,42 +24,88 @@ import torch
 
 from ..outputs import write_json
 from ..progress import progress
+from . import synthetic
 from .csr import CSRGraph, load_npy, save_npy
+from .synthetic import Classes, chunk_generator, symmetric_graph
 
 _FORMAT = "torch_direct.node_dataset/1"
 # Bump when the generator changes what a preset produces: old caches are then regenerated.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 SPLITS = ("train", "valid", "test")
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Size and shape of a synthetic graph. ``num_edges`` counts CSR entries
-    (edges the samplers walk); ``split`` holds the train/valid/test fractions of
-    all nodes (the rest are unlabelled for training purposes)."""
+    """Size and shape of a synthetic graph.
+
+    ``num_edges`` counts CSR entries of the symmetric graph (twice its undirected
+    edges: what the samplers walk). ``split`` gives the train/valid/test sizes as
+    node counts (ints), or as fractions of ``num_nodes`` (floats); the other nodes
+    are unlabelled for training purposes. The knobs set how hard the labels are:
+    ``signal`` (features alone), ``homophily`` (what neighbours add) and
+    ``label_noise`` (a fraction of nodes whose label is a random class, which caps
+    every model's accuracy). Degrees follow a power law whose exponent is set by
+    ``max_degree``, the expected degree of the most popular node (None: tail exponent 2.67).
+    """
 
     num_nodes: int
     num_edges: int
     num_features: int
     num_classes: int
     dtype: torch.dtype
-    split: tuple[float, float, float]
-    homophily: float = 0.75      # fraction of a node's neighbours drawn from its own class
+    split: tuple
+    homophily: float = 0.75      # probability that a drawn neighbour comes from the node's own class
     signal: float = 0.3          # class-centroid norm relative to the per-row noise norm
-                                 # (tuned so features alone give ~50% accuracy, + neighbours ~80%)
-    power: float = 2.3           # exponent of the power-law degree tail
-    max_degree: int = 50_000
+    max_degree: int | None = None  # expected degree of the most popular node
+    label_noise: float = 0.0     # fraction of nodes labelled with a random class
+
+    def __post_init__(self):
+        if self.num_nodes < 2 or self.num_features < 1 or self.num_classes < 1:
+            raise ValueError(f"Preset: needs num_nodes >= 2, num_features >= 1 and num_classes >= 1, got "
+                             f"{self.num_nodes}, {self.num_features}, {self.num_classes}")
+        if self.dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"Preset: dtype must be torch.float32 or torch.float16, got {self.dtype}")
+        for knob in ("homophily", "label_noise"):
+            if not 0.0 <= getattr(self, knob) <= 1.0:
+                raise ValueError(f"Preset: {knob} must lie in [0, 1], got {getattr(self, knob)}")
+        if self.signal < 0:
+            raise ValueError(f"Preset: signal must be >= 0, got {self.signal}")
+        mean = self.num_edges / self.num_nodes
+        if not 0 < mean < min(self.max_degree or self.num_nodes, self.num_nodes - 1):
+            raise ValueError(f"Preset: the mean degree num_edges / num_nodes = {mean:.3g} must be positive and "
+                             f"below max_degree ({self.max_degree}) and num_nodes - 1")
+        split_sizes(self)
 
 
-# Shapes of OGB's ogbn-arxiv, ogbn-products and ogbn-papers100M (BENCHMARKS.md); split
-# fractions follow theirs (papers100M labels ~1.4% of its nodes).
+def split_sizes(p: Preset) -> list[int]:
+    """The train/valid/test node counts of ``p`` (fractions of ``num_nodes`` rounded)."""
+    if len(p.split) != len(SPLITS):
+        raise ValueError(f"Preset: split needs {len(SPLITS)} entries (train, valid, test), got {p.split!r}")
+    exact = all(isinstance(s, int) and not isinstance(s, bool) for s in p.split)
+    sizes = [int(s) if exact else int(round(float(s) * p.num_nodes)) for s in p.split]
+    if min(sizes) < 0 or sum(sizes) > p.num_nodes:
+        raise ValueError(f"Preset: split {p.split!r} gives sizes {sizes}: each must be >= 0 and together "
+                         f"at most num_nodes = {p.num_nodes}")
+    return sizes
+
+
+# Shaped like OGB's ogbn-arxiv, ogbn-products and ogbn-papers100M made undirected, as
+# GNN training reads them: OGB's node counts, feature widths and dtypes, class counts and
+# split sizes; num_edges is the CSR entry count of the symmetrized graph. max_degree sets
+# the degree tail (arxiv: median 6, max about 13,000, as OGB's). The knobs put a
+# features-only model near OGB's MLP accuracy and GraphSAGE near OGB's GraphSAGE
+# (arxiv 0.55 / 0.71, products 0.61 / 0.79, papers100M 0.47 / 0.65): label_noise caps
+# every model a little above the GraphSAGE figure, signal sets the MLP's, homophily what
+# neighbours add (docs/datasets.md).
 PRESETS: dict[str, Preset] = {
-    "tiny": Preset(3_000, 30_000, 32, 8, torch.float32, (0.5, 0.2, 0.3), signal=0.3, max_degree=300),
-    "arxiv-like": Preset(169_343, 1_166_243, 128, 40, torch.float32, (0.537, 0.176, 0.287), signal=0.25),
-    "products-like": Preset(2_449_029, 61_859_140, 100, 47, torch.float32, (0.08, 0.016, 0.904),
-                            signal=0.27),
-    "papers100M-like": Preset(111_059_956, 1_615_685_872, 128, 172, torch.float16,
-                              (0.01087, 0.00113, 0.00193), signal=0.35),
+    "tiny": Preset(3_000, 30_000, 32, 8, torch.float32, (1_500, 600, 900), signal=0.3, max_degree=300),
+    "arxiv-like": Preset(169_343, 2_315_598, 128, 40, torch.float32, (90_941, 29_799, 48_603),
+                         homophily=0.35, signal=0.33, label_noise=0.2, max_degree=24_000),
+    "products-like": Preset(2_449_029, 123_718_280, 100, 47, torch.float32, (196_615, 39_323, 2_213_091),
+                            homophily=0.25, signal=0.45, label_noise=0.2, max_degree=17_481),
+    "papers100M-like": Preset(111_059_956, 3_231_371_744, 128, 172, torch.float16,
+                              (1_207_179, 125_265, 214_338), homophily=0.25, signal=0.6, label_noise=0.3,
+                              max_degree=50_000),
 }
 
 
@@ -164,114 +210,26 @@ def load_dataset(name: str, root=None, *, seed: int = 0, regenerate: bool = Fals
                      f"such as 'ogbn-arxiv'")
 
 
-# -- the synthetic generator -----------------------------------------------------------------------
-#
-# Planted classes: every node gets a class; its features are its class centroid
-# plus noise strong enough that features alone classify it poorly, and most of
-# its neighbours come from its own class, so aggregating over the graph
-# recovers the class (a GNN beats an MLP). In-degrees follow a power law;
-# neighbours are drawn with a skewed popularity, so out-degrees are heavy-tailed
-# too and some nodes are hot (what the GPU cache and reordering levers exploit).
-# Work runs in fixed-size chunks, each with its own generator seeded from
-# (seed, stage, chunk): results do not depend on the number of threads.
-
-_NODE_CHUNK = 1 << 18
-
-
-def _gen(seed: int, stage: int, chunk: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1_000_003 + stage) * 1_000_033 + chunk)
-
-
-def _class_sizes(n: int, c: int) -> torch.Tensor:
-    w = torch.arange(1, c + 1, dtype=torch.float64) ** -0.6  # mildly skewed, like real label sets
-    sizes = torch.floor(w / w.sum() * n).long()
-    sizes[0] += n - int(sizes.sum())
-    return sizes
-
-
-def _degrees(p: Preset, seed: int) -> torch.Tensor:
-    """Power-law in-degrees summing to about ``num_edges`` (stochastic rounding)."""
-    n = p.num_nodes
-    g = _gen(seed, 1)
-    u = torch.rand(n, generator=g, dtype=torch.float64).clamp_(min=1e-12)
-    w = u.pow_(-1.0 / (p.power - 1.0))
-    target = p.num_edges / n
-    cap = min(p.max_degree, n - 1)
-    scale = target / float(w.mean())
-    for _ in range(3):  # re-scale after clipping the tail
-        scale *= target / float((w * scale).clamp(max=cap).mean())
-    d = (w * scale).clamp_(max=cap)
-    r = torch.rand(n, generator=g, dtype=torch.float64)
-    return (d.floor() + (r < d - d.floor())).long()
-
-
-def _edges_chunk(start: int, deg: torch.Tensor, y: torch.Tensor, perm: torch.Tensor,
-                 offsets: torch.Tensor, sizes: torch.Tensor, p: Preset, g: torch.Generator):
-    """Neighbours of targets start..start+len(deg): (per-row counts, col as int32), each row
-    sorted and free of repeats and self-loops."""
-    n = p.num_nodes
-    local = torch.repeat_interleave(torch.arange(deg.numel()), deg)
-    total = local.numel()
-    target_class = y[local + start]
-    other_class = y[torch.randint(n, (total,), generator=g)]  # a random node's class: size-weighted
-    same = torch.rand(total, generator=g) < p.homophily
-    cls = torch.where(same, target_class, other_class)
-    # Popularity: position within the class's (random) member list, skewed to the front.
-    pos = (torch.rand(total, generator=g, dtype=torch.float64).square_() * sizes[cls]).long()
-    src = perm[offsets[cls] + torch.minimum(pos, sizes[cls] - 1)]
-    del target_class, other_class, same, cls, pos
-    key = local * n + src
-    key = key[src != local + start]
-    key = torch.unique(key, sorted=True)  # sorts by row, then neighbour; drops repeats
-    row = torch.div(key, n, rounding_mode="floor")
-    counts = torch.bincount(row, minlength=deg.numel())
-    return counts, (key - row * n).to(torch.int32)
-
-
 def generate(name: str, seed: int = 0, path=None, *, show_progress: bool = True,
              workers: int | None = None, preset: Preset | None = None) -> NodeDataset:
-    """Generate preset ``name`` deterministically for ``seed``; with ``path``, write it
-    there (features go straight to a memory-mapped file) and return the loaded set."""
+    """Generate preset ``name`` (or ``preset``, named ``name``) deterministically for ``seed``;
+    with ``path``, write it there (features go straight to a memory-mapped file) and return
+    the loaded set. The graph is symmetric, without self loops or repeats, rows sorted."""
     p = preset or PRESETS.get(name)
     if p is None:
         raise ValueError(f"unknown preset {name!r}: expected one of {sorted(PRESETS)}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers must be a positive int or None, got {workers!r}")
     workers = workers or max(1, min(os.cpu_count() or 1, 16))
     n, c, f = p.num_nodes, p.num_classes, p.num_features
-    sizes = _class_sizes(n, c)
-    offsets = torch.zeros(c, dtype=torch.long)
-    offsets[1:] = torch.cumsum(sizes, 0)[:-1]
-    perm = torch.randperm(n, generator=_gen(seed, 0))
-    y = torch.empty(n, dtype=torch.long)
-    y[perm] = torch.repeat_interleave(torch.arange(c), sizes)
-    deg = _degrees(p, seed)
+    k = Classes.plant(n, c, seed)
+    graph = symmetric_graph(p, k, seed, name, workers, show_progress)
 
-    chunks = list(range(0, n, _NODE_CHUNK))
-    col = torch.empty(int(deg.sum()), dtype=torch.int32)
-    counts = torch.empty(n, dtype=torch.long)
-    filled = 0
-    with ThreadPoolExecutor(workers) as pool, progress(len(chunks), f"{name}: edges", show_progress) as bar:
-        def job(i):
-            s = chunks[i]
-            return _edges_chunk(s, deg[s:s + _NODE_CHUNK], y, perm, offsets, sizes, p, _gen(seed, 2, i))
-        window = 2 * workers
-        futures = {i: pool.submit(job, i) for i in range(min(window, len(chunks)))}
-        for i, s in enumerate(chunks):
-            cnt, cols = futures.pop(i).result()
-            if i + window < len(chunks):
-                futures[i + window] = pool.submit(job, i + window)
-            counts[s:s + cnt.numel()] = cnt
-            col[filled:filled + cols.numel()] = cols
-            filled += cols.numel()
-            bar.update(1)
-    del perm
-    rowptr = torch.zeros(n + 1, dtype=torch.long)
-    torch.cumsum(counts, 0, out=rowptr[1:])
-    graph = CSRGraph(rowptr, col[:filled], validate=False)
-
-    # Features: centroid of the node's class plus isotropic noise of unit norm per row.
-    centroids = torch.randn(c, f, generator=_gen(seed, 3)) * (p.signal / math.sqrt(f))
+    # Features: centroid of the planted class plus isotropic noise of unit norm per row;
+    # labels: the planted class, or for a label_noise share of the nodes a random one.
+    centroids = torch.randn(c, f, generator=chunk_generator(seed, 3)) * (p.signal / math.sqrt(f))
     noise_std = 1.0 / math.sqrt(f)
     if path is not None:
         path = Path(path)
@@ -281,24 +239,30 @@ def generate(name: str, seed: int = 0, path=None, *, show_progress: bool = True,
         x = torch.from_numpy(x_np)
     else:
         x = torch.empty(n, f, dtype=p.dtype)
-    with ThreadPoolExecutor(workers) as pool, progress(len(chunks), f"{name}: features", show_progress) as bar:
+    y = k.cls.clone()
+    chunk = synthetic.NODE_CHUNK
+    starts = list(range(0, n, chunk))
+    with ThreadPoolExecutor(workers) as pool, progress(len(starts), f"{name}: features", show_progress) as bar:
         def feat(i):
-            s = chunks[i]
-            e = min(n, s + _NODE_CHUNK)
-            rows = torch.randn(e - s, f, generator=_gen(seed, 4, i)).mul_(noise_std)
-            x[s:e] = rows.add_(centroids[y[s:e]])
-        for _ in pool.map(feat, range(len(chunks))):
+            s = starts[i]
+            e = min(n, s + chunk)
+            rows = torch.randn(e - s, f, generator=chunk_generator(seed, 4, i)).mul_(noise_std)
+            x[s:e] = rows.add_(centroids[k.cls[s:e]])
+            g = chunk_generator(seed, 6, i)
+            noisy = torch.rand(e - s, generator=g) < p.label_noise
+            y[s:e][noisy] = torch.randint(c, (int(noisy.sum()),), generator=g)
             bar.update(1)
+        list(pool.map(feat, range(len(starts))))
+    del k
 
-    order = torch.randperm(n, generator=_gen(seed, 5))
+    order = torch.randperm(n, generator=chunk_generator(seed, 5))
     split, at = {}, 0
-    for key, frac in zip(SPLITS, p.split):
-        k = int(round(frac * n))
-        split[key] = order[at:at + k].sort().values
-        at += k
+    for key, size in zip(SPLITS, split_sizes(p)):
+        split[key] = order[at:at + size].sort().values
+        at += size
     del order
-    info = {"preset": name, "seed": seed, "generator_version": GENERATOR_VERSION,
-            "homophily": p.homophily, "signal": p.signal, "power": p.power}
+    info = {"preset": name, "seed": seed, "generator_version": GENERATOR_VERSION, "homophily": p.homophily,
+            "signal": p.signal, "label_noise": p.label_noise, "max_degree": p.max_degree}
     ds = NodeDataset(name, graph, x, y, split, c, info)
     if path is None:
         return ds
