@@ -126,6 +126,24 @@ def _draw(rows, c_u, j_u, n_u, below, k: Classes, shape: _Shape, homophily: floa
     return k.perm[k.offsets[c2] + j2]
 
 
+def _merge(old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``old`` and ``new`` sorted and free of repeats: (their sorted union, what ``new`` added).
+    A merge by insertion positions, no sort: the redraws add a few keys to many."""
+    if old.numel() == 0:
+        return new, new
+    pos = torch.searchsorted(old, new)
+    fresh = old[pos.clamp(max=old.numel() - 1)] != new
+    fresh |= pos == old.numel()
+    new, pos = new[fresh], pos[fresh]
+    at = pos + torch.arange(new.numel())
+    out = torch.empty(old.numel() + new.numel(), dtype=old.dtype)
+    keep = torch.ones(out.numel(), dtype=torch.bool)
+    keep[at] = False
+    out[at] = new
+    out[keep] = old
+    return out, new
+
+
 def _pairs(s: int, e: int, k: Classes, shape: _Shape, p: Preset, scale: float, g):
     """Pass 1 for nodes s..e-1: the pairs (v, u) they draw (u in range), int32, sorted by v then u;
     ``scale`` multiplies the number of draws."""
@@ -135,14 +153,16 @@ def _pairs(s: int, e: int, k: Classes, shape: _Shape, p: Preset, scale: float, g
     below = shape.G(j_u / n_u)
     w = (shape.G((j_u + 1) / n_u) - below) * n_u
     want = torch.poisson((w * below * (scale / shape.mean)).clamp_(min=0), generator=g).long()
-    keys, need = torch.empty(0, dtype=torch.long), want
+    keys, have, need = torch.empty(0, dtype=torch.long), torch.zeros(m, dtype=torch.long), want
     for _ in range(1 + _REDRAWS):
         rows = torch.repeat_interleave(torch.arange(m), need)
         if rows.numel() == 0:
             break
         v = _draw(rows, c_u, j_u, n_u, below, k, shape, p.homophily, g)
-        keys = torch.unique(torch.cat([keys, v * m + rows]))  # sorted by v, then u; repeats dropped
-        need = (want - torch.bincount(keys % m, minlength=m)).clamp_(min=0)
+        new = torch.unique(v * m + rows)  # sorted by v, then u; repeats dropped
+        keys, new = _merge(keys, new)
+        have += torch.bincount(new % m, minlength=m)
+        need = (want - have).clamp_(min=0)
     v = torch.div(keys, m, rounding_mode="floor")
     return v.to(torch.int32), (keys - v * m + s).to(torch.int32)
 
