@@ -37,6 +37,23 @@ class TestPlacementCPU(TestCase):
             self.assertEqual(out.device, compute_device())
             self.assertEqual(out.cpu(), ref)
 
+    def test_r3_composites_over_out_kernels_run_on_compute_device(self):
+        # abs, logical_not, mean, nan_to_num: composites that allocate like self and call
+        # an out= kernel; their results land where neg's does, so torch._refs, which
+        # compares its operands' devices, can combine them.
+        src, u = table()
+        for name, out, ref in (("abs", torch.abs(u), torch.abs(src)),
+                               ("logical_not", torch.logical_not(u), torch.logical_not(src)),
+                               ("mean", u.mean(), src.mean()),
+                               ("nan_to_num", torch.nan_to_num(u), torch.nan_to_num(src)),
+                               ("neg", torch.neg(u), torch.neg(src))):
+            self.assertEqual(out.device, compute_device(), msg=name)
+            self.assertEqual(out.cpu(), ref, msg=name)
+        a = torch.randint(0, 10, (1026,), dtype=torch.uint8)
+        b = torch.randint(0, 10, (1026,), dtype=torch.uint8)
+        out = torch._refs.copysign(a.to("unified")[::2], b.to("unified")[::2])
+        self.assertEqual(out.cpu(), torch.copysign(a[::2], b[::2]))
+
     def test_zero_dim_cpu_tensor_counts_as_scalar(self):
         src, u = table()
         out = u * torch.tensor(2.0)

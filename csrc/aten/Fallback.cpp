@@ -295,6 +295,25 @@ bool has_out_argument(const c10::FunctionSchema& schema) {
   return false;
 }
 
+// A functional op whose composite allocates its result like `self` and calls
+// an out= overload the CPU or CUDA implement (abs, logical_not, mean,
+// nan_to_num, ...): on a unified input its result would land in unified
+// memory, while ops beside it put theirs on the compute device (R1-R3), and
+// code that compares the two devices (torch._refs) fails.
+bool composite_over_device_out(const c10::OperatorHandle& op) {
+  const auto& name = op.schema().operator_name();
+  if (!name.overload_name.empty() || has_out_argument(op.schema())) {
+    return false;
+  }
+  const auto& args = op.schema().arguments();
+  if (args.empty() || !args[0].type()->isSubtypeOf(*c10::TensorType::get())) {
+    return false;  // a factory: the fallback places its result as asked already
+  }
+  auto out = c10::Dispatcher::singleton().findOp({name.name, "out"});
+  return out.has_value() && (out->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+                             out->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+}
+
 bool must_reach_fallback(const c10::OperatorHandle& op) {
   using K = c10::DispatchKey;
   if (op.hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional)) {
@@ -307,7 +326,7 @@ bool must_reach_fallback(const c10::OperatorHandle& op) {
   // the device of that result (the generated *_copy.out and friends): on
   // aliases from the fallback, both are on the compute device.
   return op.hasKernelForDispatchKey(K::CPU) || op.hasKernelForDispatchKey(K::CUDA) ||
-         has_out_argument(op.schema());
+         has_out_argument(op.schema()) || composite_over_device_out(op);
 }
 
 // _convolution sends a PrivateUse1 (or Unified) input to
