@@ -119,6 +119,10 @@ class TestBenchTrainCPU(_Tiny):
             self.assertGreater(r["busy_s"]["sample"], 0)   # every batch was sampled
             self.assertGreater(r["test_acc"], 0)
             self.assertIn(f"| {name} | {r['epoch_s']:.3f} |", self.out)
+            b = r["busy_s"]
+            # the printed row shows the step and each stage's busy time, so a run's limit is visible
+            self.assertIn(f"| {r['train_step_s']:.3f} | {r['exposed_s']['sample']:.3f}/", self.out)
+            self.assertIn(f"| {b['sample']:.3f}/{b['gather']:.3f}/{b['transfer']:.3f} |", self.out)
 
     def test_same_seed_same_training_on_the_cpu(self):
         u, c = self.rows["unified"], self.rows["cpu_centric"]

@@ -264,6 +264,14 @@ def exposed_cell(row: dict) -> str:
     return f"{ex['sample']:.3f}/{ex['gather']:.3f}/{ex['transfer']:.3f}"
 
 
+def busy_cell(row: dict) -> str:
+    """A row's busy loader seconds (what each stage costs, hidden or not) as one table cell."""
+    b = row.get("busy_s") or {}
+    if not all(k in b for k in ("sample", "gather", "transfer")):
+        return "-"
+    return f"{b['sample']:.3f}/{b['gather']:.3f}/{b['transfer']:.3f}"
+
+
 def print_table(record: dict) -> None:
     a = record["args"]
     print(f"train: {a['dataset']}, model {a['model']}, hidden {a['hidden']}, fanouts "
@@ -272,14 +280,16 @@ def print_table(record: dict) -> None:
     rows = []
     for r in record["rows"]:
         if r["status"] != "ok":
-            rows.append([r["pipeline"], "-", "-", "-", "-", "-", "-", f"{r['status']}: {r['reason']}"])
+            rows.append([r["pipeline"], "-", "-", "-", "-", "-", "-", "-", "-", f"{r['status']}: {r['reason']}"])
             continue
         vs = 1.0 if r["pipeline"] == "unified" else r["speedup_vs"].get("unified")
-        rows.append([r["pipeline"], f"{r['epoch_s']:.3f}", _fmt(vs, ".2f", "x"), exposed_cell(r), f"{r['losses'][-1]:.4f}",
+        rows.append([r["pipeline"], f"{r['epoch_s']:.3f}", _fmt(vs, ".2f", "x"), f"{r['train_step_s']:.3f}",
+                     exposed_cell(r), busy_cell(r), f"{r['losses'][-1]:.4f}",
                      f"{r['test_acc']:.4f}", f"{r['sampler']} ({r.get('graph') or '-'})", r["note"]])
-    print_markdown(["pipeline", "epoch s", "vs unified", "exposed s sample/gather/transfer", "final loss",
-                    "test acc", "sampler (CSR on)", "note"], rows)
-    print("(vs unified: unified's epoch time / the row's, above 1 = faster than unified)")
+    print_markdown(["pipeline", "epoch s", "vs unified", "train step s", "exposed s sample/gather/transfer",
+                    "busy s sample/gather/transfer", "final loss", "test acc", "sampler (CSR on)", "note"], rows)
+    print("(vs unified: unified's epoch time / the row's, above 1 = faster than unified; train step: the "
+          "epoch's training steps; exposed: what the loop waited for each stage; busy: what each stage took)")
     for k, (num, den) in RATIOS.items():
         v = record["ratios"].get(k)
         if v is not None:
