@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 from pathlib import Path
 
 import yaml
@@ -229,6 +230,13 @@ class TestUpstreamRunner(TestCase):
             p = Path(d) / "list.txt"
             p.write_text("# header\ntest_a.py\n\ntest_b.py  # why\n- test_a.py::T::t  # reason\n")
             self.assertEqual(self.runner.read_list(p), (["test_a.py", "test_b.py"], ["test_a.py::T::t"]))
+
+    def test_a_file_with_nothing_selected_runs_nothing(self):
+        # pytest given no ids would collect and run the whole folder
+        with tempfile.TemporaryDirectory() as d, mock.patch.object(self.runner.subprocess, "run") as run:
+            res = self.runner.run_file(Path(sys.executable), Path(d), "test_x.py", [], 60.0, {}, Path(d))
+        run.assert_not_called()
+        self.assertEqual((res["selected"], res["ran"], res["timed_out"]), (0, 0, False))
 
     def test_sample_is_spread_and_deterministic(self):
         ids = [f"t{i}" for i in range(10)]
