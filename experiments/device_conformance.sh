@@ -7,7 +7,8 @@
 #   - build_scripts/run_upstream_tests --device unified over the upstream
 #     files (UPSTREAM_FILES, default every listed file), UPSTREAM_JOBS files at
 #     a time, UPSTREAM_SAMPLE pairs each ($OUT/upstream_device.json), from the
-#     pinned tree in UPSTREAM_TREE (a folder holding test/, carried along);
+#     pinned tree in UPSTREAM_TREE (a folder holding test/, carried along: its
+#     top-level test_*.py, expect/ and autograd/, which test_autograd imports);
 # then the test files given as arguments, through device_suite.sh.
 # DB_TIMEOUT=0 or UPSTREAM_TIMEOUT=0 leaves that part out; REUSE_BUILD=1 keeps a
 # build a warm machine still has.
@@ -19,6 +20,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 log="$OUT/conformance.log"
 tree="${UPSTREAM_TREE:-build/upstream-tree}"
 [ -d "$tree/test" ] || { echo "device_conformance: no test/ in $tree (build_scripts/fetch_source, then copy its test/ there)" >&2; exit 2; }
+[ -d "$tree/test/autograd" ] || echo "device_conformance: $tree/test has no autograd/: test_autograd.py will not collect" >&2
 
 # Build, and install the carried wheels into /tmp/site.
 bash "$here/device_suite.sh" --build-only > "$log" 2>&1
