@@ -76,7 +76,10 @@ def parse_set(items) -> dict:
         key, sep, value = item.partition("=")
         if not sep or key not in KNOBS:
             raise SystemExit(f"--set: expected KNOB=VALUE with KNOB one of {', '.join(KNOBS)}, got {item!r}")
-        out[key] = None if value == "none" else (int(value) if key == "max_degree" else float(value))
+        try:
+            out[key] = None if value == "none" else (int(value) if key == "max_degree" else float(value))
+        except ValueError:
+            raise SystemExit(f"--set: {key} needs a number, got {value!r}") from None
     return out
 
 
@@ -91,7 +94,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not 0 < args.scale <= 1:
         ap.error("--scale must lie in (0, 1]")
-    p = scaled(args.preset, args.scale, parse_set(args.set))
+    try:
+        p = scaled(args.preset, args.scale, parse_set(args.set))
+    except ValueError as e:   # a knob the preset refuses (homophily above 1, say)
+        ap.error(str(e))
     t0 = time.perf_counter()
     ds = generate(args.preset, seed=args.seed, preset=p, show_progress=sys.stderr.isatty())
     gen_s = time.perf_counter() - t0
