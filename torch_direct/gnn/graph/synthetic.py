@@ -167,10 +167,11 @@ def _pairs(s: int, e: int, k: Classes, shape: _Shape, p: Preset, scale: float, g
     return v.to(torch.int32), (keys - v * m + s).to(torch.int32)
 
 
-def _rows(b: int, pairs: list, cuts: torch.Tensor, s: int, e: int, n: int):
-    """Pass 2 for nodes s..e-1 (bucket ``b``): their rows' lengths and sorted columns."""
+def _rows(b: int, pairs: list, cuts: list, s: int, e: int, n: int):
+    """Pass 2 for nodes s..e-1 (bucket ``b``): their rows' lengths and sorted columns.
+    ``cuts[i]``: where range i's pairs (sorted by v) cross each bucket's start."""
     rows, cols = [pairs[b][1]], [pairs[b][0]]              # u -> v, drawn by these nodes
-    for (v, u), cut in zip(pairs, cuts.tolist()):          # v -> u, drawn by others to these nodes
+    for (v, u), cut in zip(pairs, cuts):                   # v -> u, drawn by others to these nodes
         rows.append(v[cut[b]:cut[b + 1]])
         cols.append(u[cut[b]:cut[b + 1]])
     row = torch.cat(rows).long() - s
@@ -206,6 +207,7 @@ def symmetric_graph(p: Preset, k: Classes, seed: int, name: str, workers: int, s
         del drawn
         size = (cuts[:, 1:] - cuts[:, :-1]).sum(0) + torch.tensor([u.numel() for _, u in pairs])
         at = torch.cumsum(size, 0) - size
+        cuts = cuts.tolist()   # once: every bucket reads every range's cuts
         col = torch.empty(int(size.sum()), dtype=torch.int32)
         counts = torch.empty(n, dtype=torch.long)
         with progress(len(starts), f"{name}: rows", show_progress) as bar:
