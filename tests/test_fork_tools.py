@@ -1,6 +1,7 @@
 """The fork's tooling that needs no PyTorch tree: the native_functions merge, the
 patch series' form, the Dockerfile check, the upstream test list."""
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -238,6 +239,26 @@ class TestUpstreamRunner(TestCase):
         run.assert_not_called()
         self.assertEqual((res["selected"], res["ran"], res["timed_out"]), (0, 0, False))
 
+    def test_a_run_counts_outcomes_and_keeps_each_failure_message(self):
+        with tempfile.TemporaryDirectory() as d:
+            work = Path(d)
+            (work / self.runner.PLUGIN).with_suffix(".py").write_text(self.runner.PLUGIN_SOURCE)
+            (work / "test_x.py").write_text(
+                "import pytest\n"
+                "def test_ok(): pass\n"
+                "def test_bad(): raise ValueError('unified went wrong')\n"
+                "@pytest.mark.skip(reason='not here')\n"
+                "def test_skip(): pass\n")
+            ids = ["test_x.py::test_ok", "test_x.py::test_bad", "test_x.py::test_skip"]
+            env = dict(os.environ, PYTHONPATH=str(work))
+            res = self.runner.run_file(Path(sys.executable), work, "test_x.py", ids, 120.0, env, work)
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (1, 1, 1))
+        self.assertEqual(res["failed_ids"], ["test_x.py::test_bad"])
+        self.assertIn("ValueError: unified went wrong", res["failure_messages"]["test_x.py::test_bad"])
+        (reason, count), = res["skip_reasons"].items()
+        self.assertEqual(count, 1)
+        self.assertIn("not here", reason)
+
     def test_sample_is_spread_and_deterministic(self):
         ids = [f"t{i}" for i in range(10)]
         self.assertEqual(self.runner.spread(ids, 3), ["t0", "t3", "t6"])
@@ -274,10 +295,12 @@ class TestUpstreamRunner(TestCase):
     def test_device_differences_are_classified_and_known_ones_keep_their_reason(self):
         pairs = [("k::A::a_{device}", "ra", "ua"), ("k::A::b_{device}", "rb", "ub"),
                  ("k::A::c_{device}_float32", "rc", "uc"), ("k::A::d_{device}", "rd", "ud")]
-        res = {"passed_ids": ["ra", "ua", "rb", "rc", "ud"], "failed_ids": ["ub", "uc", "rd"]}
+        res = {"passed_ids": ["ra", "ua", "rb", "rc", "ud"], "failed_ids": ["ub", "uc", "rd"],
+               "failure_messages": {"ub": "RuntimeError: b broke", "uc": "c broke"}}
         out = self.runner.classify_pairs(pairs, res, [("k::A::c_{device}_*", "why c")])
         self.assertEqual(out["both_passed"], 1)
         self.assertEqual(out["differences"], ["k::A::b_{device}"])
+        self.assertEqual(out["difference_messages"], {"k::A::b_{device}": "RuntimeError: b broke"})
         self.assertEqual(out["known_differences"], {"k::A::c_{device}_float32": "why c"})
         self.assertEqual(out["pass_on_unified_fail_on_reference"], ["k::A::d_{device}"])
         with tempfile.TemporaryDirectory() as d:
