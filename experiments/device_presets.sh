@@ -6,8 +6,8 @@
 #     with the progress of each stage);
 #   - `bench train` with PIPELINES (default unified,gpu_resident,cpu_centric)
 #     for EPOCHS epochs (default 5), GraphSAGE 3 x 256, fanouts 15,10,5, batch
-#     1024, extra options in TRAIN_ARGS ($OUT/train_<preset>.json: epoch times
-#     and test accuracy).
+#     1024, extra options in TRAIN_ARGS ($OUT/train_<preset>[_TAG].json: epoch
+#     times and test accuracy; TAG names runs with other TRAIN_ARGS apart).
 # papers100M-like: `papers`; `papers-generate` generates it only.
 #   bash experiments/device_presets.sh [arxiv] [products] [papers] [papers-generate]
 set -u
@@ -32,8 +32,9 @@ for step in "${steps[@]}"; do
   tr '\r' '\n' < "$OUT/generate_$preset.log" | grep -v "^\s*$" | grep -v "^\s" | tail -4
   echo "$preset: generated rc=$rc in $(( $(date +%s) - t0 )) s, peak RSS $(grep -o 'Maximum resident set size (kbytes): [0-9]*' "$OUT/generate_$preset.log" | grep -o '[0-9]*$') kB" | tee -a "$OUT/presets.log"
   [ "$step" = papers-generate ] || [ "$rc" -ne 0 ] && continue
+  run="$preset${TAG:+_$TAG}"
   python3 -m torch_direct.gnn.bench train --dataset "$preset" --pipelines "${PIPELINES:-unified,gpu_resident,cpu_centric}" \
-    --epochs "${EPOCHS:-5}" --no-progress ${TRAIN_ARGS:-} --out "$OUT/train_$preset.json" > "$OUT/train_$preset.log" 2>&1
-  echo "$preset: bench train rc=$?" | tee -a "$OUT/presets.log"
-  tail -25 "$OUT/train_$preset.log"
+    --epochs "${EPOCHS:-5}" --no-progress ${TRAIN_ARGS:-} --out "$OUT/train_$run.json" > "$OUT/train_$run.log" 2>&1
+  echo "$run: bench train rc=$? (${TRAIN_ARGS:-default options})" | tee -a "$OUT/presets.log"
+  tail -25 "$OUT/train_$run.log"
 done

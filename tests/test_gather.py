@@ -79,6 +79,44 @@ class GatherChecks:
         self.assertEqual(torch_direct.gather(u, self.idx([9])).cpu(), src[[9]])
 
 
+    def test_fp8_rows_with_scales(self):
+        # quantize_rows_fp8 then a scaled gather: x[i] to e4m3's precision, as float32 by
+        # default or the dtype asked, the same on either device; zero rows stay zero.
+        x = torch.randn(300, 19) * torch.rand(300, 1) * 1000
+        x[4] = 0
+        q, scale = torch_direct.quantize_rows_fp8(x, device="unified")
+        self.assertEqual((q.dtype, q.device.type, scale.dtype, scale.shape), (torch.float8_e4m3fn, "unified",
+                                                                            torch.float32, (300,)))
+        i = self.idx([4, 0, 299, 4, -1, 150])
+        want = q.cpu()[i.cpu()].float() * scale.cpu()[i.cpu()].unsqueeze(1)
+        y = torch_direct.gather(q, i, scale=scale)
+        self.assertEqual((y.dtype, y.device.type), (torch.float32, self.device))
+        self.assertEqual(y.cpu(), want, atol=0, rtol=0)
+        self.assertEqual(y.cpu()[0], torch.zeros(19))
+        xi = x[i.cpu()]
+        bound = xi.abs() / 16 + xi.abs().amax(1, keepdim=True) * 2.0 ** -18
+        self.assertTrue(bool(((y.cpu() - xi).abs() <= bound).all()))
+        for dtype in (torch.float16, torch.bfloat16):
+            self.assertEqual(torch_direct.gather(q, i, scale=scale, dtype=dtype).cpu(), want.to(dtype),
+                             atol=0, rtol=0)
+        two_d = self.idx([[1, 2], [3, 299]])
+        self.assertEqual(torch_direct.gather(q, two_d, scale=scale).shape, (2, 2, 19))
+
+    def test_fp8_bad_input(self):
+        q, scale = torch_direct.quantize_rows_fp8(torch.randn(20, 4), device="unified")
+        i = self.idx([1, 2])
+        with self.assertRaisesRegex(ValueError, "one entry per table row"):
+            torch_direct.gather(q, i, scale=scale[:-1])
+        with self.assertRaisesRegex(TypeError, "float8_e4m3fn table"):
+            torch_direct.gather(torch.randn(20, 4).to("unified"), i, scale=scale)
+        with self.assertRaisesRegex(TypeError, "float32, float16 or bfloat16"):
+            torch_direct.gather(q, i, scale=scale, dtype=torch.int32)
+        with self.assertRaisesRegex(ValueError, "cpu_threads"):
+            torch_direct.gather(q, i, scale=scale, cpu_threads=2)
+        with self.assertRaises(IndexError):
+            torch_direct.gather(q, self.idx([20]), scale=scale)
+
+
 class TestGatherOpsCPU(TestCase):
     """The gather-family ops on a unified table with a CPU index (rule R2)."""
 
@@ -201,6 +239,51 @@ class TestCpuThreads(TestCase):
                         self.assertTrue(bool((out == 7.0).all()), msg="rows written before the check")
                 self.assertEqual(torch_direct.gather(u, good), src[good])
                 self.assertEqual(torch_direct.gather(u, good.int()), src[good])
+
+
+class TestQuantizeRowsFp8(TestCase):
+    def test_precision_chunks_and_devices(self):
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(1000, 33, generator=g) * torch.logspace(-3, 4, 1000).unsqueeze(1)
+        x[10] = 0
+        q, scale = torch_direct.quantize_rows_fp8(x, compute="cpu")
+        self.assertEqual((q.dtype, q.device.type, scale.shape), (torch.float8_e4m3fn, "cpu", (1000,)))
+        self.assertEqual(scale[10], 1.0)
+        self.assertEqual(scale, x.abs().amax(1).where(x.abs().amax(1) > 0, torch.tensor(448.0)) / 448)
+        back = q.float() * scale.unsqueeze(1)
+        bound = x.abs() / 16 + x.abs().amax(1, keepdim=True) * 2.0 ** -18
+        self.assertTrue(bool(((back - x).abs() <= bound).all()))
+        self.assertEqual(back.abs().amax(1), x.abs().amax(1))   # each row's largest is exact
+        # the chunking changes nothing; a float16 or unified source gives the same rows
+        q7, s7 = torch_direct.quantize_rows_fp8(x, compute="cpu", chunk_rows=7)
+        self.assertEqual(q7.view(torch.uint8), q.view(torch.uint8))
+        self.assertEqual(s7, scale)
+        qu, su = torch_direct.quantize_rows_fp8(x.to("unified"), compute="cpu")
+        self.assertEqual((qu.device.type, su.device.type), ("unified", "unified"))
+        self.assertEqual(qu.cpu().view(torch.uint8), q.view(torch.uint8))
+        seen = []
+        torch_direct.quantize_rows_fp8(x.half(), compute="cpu", chunk_rows=300, progress=seen.append)
+        self.assertEqual(seen, [300, 600, 900, 1000])
+
+    def test_bad_input(self):
+        with self.assertRaisesRegex(TypeError, "2-D floating"):
+            torch_direct.quantize_rows_fp8(torch.ones(3, 2, dtype=torch.int32))
+        with self.assertRaisesRegex(TypeError, "2-D floating"):
+            torch_direct.quantize_rows_fp8(torch.ones(3))
+        with self.assertRaisesRegex(ValueError, "chunk_rows"):
+            torch_direct.quantize_rows_fp8(torch.ones(3, 2), chunk_rows=0)
+        x = torch.randn(50, 3)
+        x[37, 1] = float("inf")
+        with self.assertRaisesRegex(ValueError, "row 37"):
+            torch_direct.quantize_rows_fp8(x, compute="cpu", chunk_rows=8)
+
+    @requires_gpu
+    def test_on_the_gpu_as_on_the_cpu(self):
+        x = torch.randn(5000, 100) * torch.rand(5000, 1) * 50
+        q, scale = torch_direct.quantize_rows_fp8(x, compute="cpu")
+        qg, sg = torch_direct.quantize_rows_fp8(x, compute="cuda", device="unified")
+        self.assertEqual(qg.cpu().view(torch.uint8), q.view(torch.uint8))
+        self.assertEqual(sg.cpu(), scale)
 
 
 @extension_only("_hybrid_policy_replay is a test hook of the extension's module")
@@ -384,6 +467,30 @@ class TestGatherKernelCUDA(TestCase):
                 used, y = kernels_and_rows(**kw)
                 self.assertEqual(used, want)
                 self.assertEqual(y, vals[order])
+
+    def test_fp8_scaled_kernel(self):
+        # The scaled gather's kernel against the same arithmetic done by torch: every width
+        # (16-element loads, 4, and 1 for odd rows), orders, repeats, both kernels, a table on
+        # the GPU or unified, scales unified or on the GPU, each output dtype.
+        g = torch.Generator().manual_seed(5)
+        for kernel in ("grid", "rowblock"):
+            for width in (1, 3, 4, 12, 16, 100, 128, 129):
+                x = torch.randn(3000, width, generator=g) * torch.rand(3000, 1, generator=g) * 100
+                q, scale = torch_direct.quantize_rows_fp8(x, compute="cpu")
+                for n in (7, 5000):
+                    idx = torch.randint(-3000, 3000, (n,), generator=g)
+                    for order in ("auto", "as_is"):
+                        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                            want = (q[idx].float() * scale[idx].unsqueeze(1)).to(dtype)
+                            for table, sc in ((q.to("unified"), scale.to("unified")), (q.cuda(), scale.cuda())):
+                                with self.subTest(kernel=kernel, width=width, n=n, order=order, dtype=dtype,
+                                                  table=table.device.type), \
+                                        torch_direct.experimental(gather_kernel=kernel):
+                                    got = torch_direct.gather(table, idx.cuda(), scale=sc, dtype=dtype, order=order)
+                                    self.assertEqual(got.cpu(), want, atol=0, rtol=0)
+        q, scale = torch_direct.quantize_rows_fp8(torch.randn(100, 8), compute="cpu")
+        with self.assertRaisesRegex(ValueError, "unified or on cuda"):
+            torch_direct.gather(q.to("unified"), torch.tensor([1]).cuda(), scale=scale)
 
     def test_unaligned_and_strided_tables(self):
         base = torch.randn(4001, 130)

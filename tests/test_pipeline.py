@@ -104,16 +104,17 @@ class TestFeatureStores(TestCase):
 
     def test_cache_wraps_any_store(self):
         # The cache of hot rows over either store, on the CPU: same rows, counted hits, and a
-        # budget counted in the cached (output) dtype's bytes.
+        # budget counted in the table's own bytes (the cache keeps rows as the table does).
         degree = torch.arange(500)                 # rows 400.. are the hottest
         idx = torch.tensor([450, 3, 499, 400, 399, 0, 450])
         for kind in ("unified", "cpu_centric"):
-            for dtype, elem in ((None, 4), (torch.float64, 8)):
-                store = make_feature_store(kind, self.x, "cpu", dtype, cache_bytes=100 * 12 * elem, degree=degree)
+            for x, dtype, elem in ((self.x, None, 4), (self.x, torch.float64, 4), (self.x.half(), torch.float32, 2)):
+                store = make_feature_store(kind, x, "cpu", dtype, cache_bytes=100 * 12 * elem, degree=degree)
                 self.assertIsInstance(store, CachedFeatureStore)
                 self.assertEqual((store.kind, store.cache_rows), (kind, 100))
+                self.assertEqual(store.cache.dtype, x.dtype)
                 got = store.gather(idx)
-                self.assertEqual(got, self.x[idx].to(dtype or self.x.dtype), msg=kind)
+                self.assertEqual(got, x[idx].to(dtype or x.dtype), msg=kind)
                 self.assertEqual(store.stats()["cache_hit_rate"], 4 / 7)
                 self.assertEqual(store.gather(torch.tensor([], dtype=torch.long)).shape, (0, 12))
                 with self.assertRaises(IndexError):
@@ -129,6 +130,32 @@ class TestFeatureStores(TestCase):
         self.assertEqual(store.cache_rows, 0)
         self.assertEqual(store.gather(idx), self.x[idx])
         self.assertNotIn("cache_hit_rate", store.stats())
+
+    def test_fp8_tables(self):
+        # A float8 table with its row scales in every kind, cached or not: the rows come back
+        # as q * scale in the dtype asked (float32 by default); a cache row costs its 12 bytes
+        # and a 4-byte scale, so 16 bytes a row.
+        q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
+        idx = torch.tensor([450, 3, 499, 400, 399, 0, 450])
+        want = q[idx].float() * scale[idx].unsqueeze(1)
+        for kind in KINDS:
+            for dtype in (None, torch.float16):
+                store = make_feature_store(kind, q, "cpu", dtype, scale=scale)
+                self.assertEqual((store.scaled, store.row_bytes, store.dtype), (True, 16, dtype or torch.float32))
+                self.assertEqual(store.gather(idx), want.to(dtype or torch.float32), atol=0, rtol=0, msg=kind)
+        for kind in ("unified", "cpu_centric"):
+            store = make_feature_store(kind, q, "cpu", scale=scale, cache_bytes=100 * 16, degree=torch.arange(500))
+            self.assertEqual((store.cache_rows, store.cache.dtype), (100, torch.float8_e4m3fn))
+            self.assertEqual(store.gather(idx), want, atol=0, rtol=0, msg=kind)
+            self.assertEqual(store.stats()["cache_hit_rate"], 4 / 7)
+        with self.assertRaisesRegex(ValueError, "per-row scale"):
+            make_feature_store("unified", q, "cpu")
+        with self.assertRaisesRegex(TypeError, "float8_e4m3fn table"):
+            make_feature_store("unified", self.x, "cpu", scale=scale)
+        with self.assertRaisesRegex(ValueError, "one entry per row"):
+            make_feature_store("gpu_resident", q, "cpu", scale=scale[:10])
+        with self.assertRaisesRegex(TypeError, "float32, float16 or bfloat16"):
+            make_feature_store("cpu_centric", q, "cpu", torch.int64, scale=scale)
 
     @unittest.skipIf(HAS_GPU, "checks the CPU-only message")
     def test_cuda_device_without_gpu(self):
@@ -209,6 +236,22 @@ class TestFeatureStores(TestCase):
                     got = store.gather(idx)
                     self.assertEqual(got.dtype, dtype or x.dtype)
                     self.assertEqual(got.cpu(), x[idx.cpu()].to(got.dtype), msg=str((kw.keys(), x.dtype)))
+
+    @requires_gpu
+    def test_fp8_tables_on_the_gpu(self):
+        # Every kind onto the GPU, on a side stream, with and without the cache: the same rows
+        # as the CPU's q * scale.
+        q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
+        idx = torch.randint(0, 500, (3000,))
+        want = q[idx].float() * scale[idx].unsqueeze(1)
+        s = torch.cuda.Stream()
+        for kind in KINDS:
+            kws = [{}] if kind == "gpu_resident" else [{}, {"cache_bytes": 100 * 16, "degree": torch.arange(500)}]
+            for kw in kws:
+                store = make_feature_store(kind, q, "cuda", scale=scale, **kw)
+                out = store.gather(idx.cuda(), stream=s)
+                s.synchronize()
+                self.assertEqual(out.cpu(), want, atol=0, rtol=0, msg=str((kind, kw.keys())))
 
     @requires_gpu
     def test_gather_capped_to_a_few_sms(self):

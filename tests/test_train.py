@@ -86,6 +86,24 @@ class TestTrain(TestCase):
             accs[kind] = (rec["epochs"][0]["loss"], rec["test_acc"])
         self.assertEqual(len(set(accs.values())), 1, msg=str(accs))
 
+    def test_feature_dtype_fp8_learns_like_the_stored_table(self):
+        # The three pipelines agree on a float8 table too; it learns tiny as well as the float32
+        # one (e4m3 keeps 3 mantissa bits) and the record names the format.
+        y = self.ds.y[self.ds.split["test"]]
+        majority = torch.bincount(y).max().item() / y.numel()
+        recs = {}
+        for kind in ("unified", "cpu_centric", "gpu_resident"):
+            recs[kind], out = self.quiet_run("--epochs", "8", "--seed", "0", "--pipeline", kind, "--device", "cpu",
+                                             "--feature-dtype", "fp8")
+            self.assertEqual(recs[kind]["feature_dtype"], "float8_e4m3fn with row scales")
+            self.assertIn("features as float8_e4m3fn", out)
+        self.assertEqual(len({(r["epochs"][0]["loss"], r["test_acc"]) for r in recs.values()}), 1, msg=str(recs))
+        stored, _ = self.quiet_run("--epochs", "8", "--seed", "0", "--device", "cpu")
+        self.assertGreater(recs["unified"]["test_acc"], max(0.6, 2 * majority))
+        self.assertLess(abs(recs["unified"]["test_acc"] - stored["test_acc"]), 0.05)
+        half, _ = self.quiet_run("--epochs", "1", "--device", "cpu", "--feature-dtype", "fp16")
+        self.assertEqual(half["feature_dtype"], "float16")
+
     def test_sample_ahead_trains_the_same(self):
         # Sampling in its own thread changes when batches are made, not what they are; so does the
         # loader's stream priority (no stream on the CPU: recorded, no effect).
@@ -138,7 +156,7 @@ class TestTrain(TestCase):
             main(["train", "--help"])
         self.assertEqual(cm.exception.code, 0)
         for opt in ("--pipeline", "--fanouts", "--model", "--json", "--plot", "--device", "--cache-mb", "--prefetch",
-                    "--graph", "--gather-sms", "--gather-cpu-threads"):
+                    "--graph", "--gather-sms", "--gather-cpu-threads", "--feature-dtype"):
             self.assertIn(opt, out.getvalue())
         for bad in (["--fanouts", "15,x"], ["--fanouts", "0"], ["--epochs", "0"], ["--model", "gcn"],
                     ["--pipeline", "nvme"], ["--batch-size", "-3"]):
@@ -157,6 +175,9 @@ class TestTrain(TestCase):
                          (["--device", "cpu", "--gather-sms", "8"], "no effect with --device cpu"),
                          (["--device", "cpu", "--gather-cpu-threads", "2"], "no effect with --device cpu"),
                          (["--sample-ahead", "--prefetch", "0"], "--sample-ahead needs --prefetch > 0"),
+                         (["--feature-dtype", "fp8", "--pipeline", "pyg"], "--feature-dtype does not apply"),
+                         (["--feature-dtype", "fp8", "--gather-cpu-threads", "2"],
+                          "--gather-cpu-threads does not apply to --feature-dtype fp8"),
                          (["--graph", "gpu", "--sampler", "cpu", "--device", "cpu"], "needs a CUDA device")):
             err = io.StringIO()
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

@@ -27,7 +27,7 @@ from ._backend import (  # noqa: F401  (on stock torch: registers the device on 
     vehicle,
 )
 
-from ._gather import gather, hybrid_cpu_fraction  # noqa: E402
+from ._gather import gather, hybrid_cpu_fraction, quantize_rows_fp8  # noqa: E402
 from ._experimental import experimental  # noqa: E402
 
 __version__ = "0.1.0"
@@ -41,6 +41,7 @@ __all__ = [
     "empty_cache",
     "experimental",
     "gather",
+    "quantize_rows_fp8",
     "hybrid_cpu_fraction",
     "is_unified",
     "memory_stats",

@@ -67,7 +67,7 @@ class _ForkC(types.ModuleType):
                "_gather_rows_cpu",
                "_claimed_structured_ops")
     # Bound by the fork only when it is built with CUDA (USE_CUDA; patch 0006).
-    _NATIVE_CUDA = ("_gather_rows_cuda", "_gather_rows_hybrid", "_hybrid_cpu_fraction")
+    _NATIVE_CUDA = ("_gather_rows_cuda", "_gather_rows_scaled_cuda", "_gather_rows_hybrid", "_hybrid_cpu_fraction")
 
     def __init__(self, native):
         super().__init__(__name__.rpartition(".")[0] + "._C")

@@ -11,6 +11,8 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 
 _ORDERS = {"auto": 0, "sort": 1, "as_is": 2}
 _CASTABLE = (torch.float32, torch.float16, torch.bfloat16)
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)   # 448
 
 
 def hybrid_cpu_fraction(row_bytes: int, device: int | None = None, table_bytes: int = 0) -> float:
@@ -32,7 +34,7 @@ def hybrid_cpu_fraction(row_bytes: int, device: int | None = None, table_bytes: 
 
 
 def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | None = None,
-           out: torch.Tensor | None = None, order: str = "auto",
+           scale: torch.Tensor | None = None, out: torch.Tensor | None = None, order: str = "auto",
            max_sms: int | None = None, cpu_threads: int = 0,
            cpu_fraction: float | None = None) -> torch.Tensor:
     """Return ``table[index]`` cast to ``dtype``, on ``index``'s device.
@@ -52,7 +54,12 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
     the GPU reads host memory far faster in address order), ``"sort"`` always
     sorts an unsorted index, ``"as_is"`` reads in the order given. Repeated
     rows are read once when adjacent in the order read. The cast is fused for
-    float32/float16/bfloat16 pairs. ``max_sms`` caps the streaming
+    float32/float16/bfloat16 pairs and from float8_e4m3fn to those.
+    ``scale`` (a 1-D float32 tensor, one entry per table row) reads a
+    float8_e4m3fn table as made by :func:`quantize_rows_fp8`: the result is
+    ``table[index] * scale[index]`` as ``dtype`` (default float32), the upcast
+    and the scaling done in the gather kernel itself on a CUDA index (there
+    ``scale`` is unified or on the index's device). ``max_sms`` caps the streaming
     multiprocessors the kernel runs on (leave room for a training step
     beside it). The kernel runs on the current CUDA stream; the index check
     waits for the work queued before it on that stream.
@@ -83,6 +90,9 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
         raise ValueError(f"gather: cpu_threads must be an int >= 0, got {cpu_threads!r}")
     if cpu_fraction is not None and not 0.0 <= float(cpu_fraction) <= 1.0:
         raise ValueError(f"gather: cpu_fraction must be within [0, 1], got {cpu_fraction!r}")
+    if scale is not None:
+        _check_scale(table, index, scale, dtype, cpu_threads)
+        dtype = dtype or (out.dtype if out is not None else torch.float32)
     dtype = dtype or (out.dtype if out is not None else table.dtype)
     shape = (*index.shape, *table.shape[1:])
     if out is None:
@@ -103,6 +113,18 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
             raise ValueError("gather: out has " + ", ".join(problems))
     flat = index.reshape(-1)
     rows_contiguous = table.shape[0] == 0 or table[0].is_contiguous()
+    if scale is not None:
+        if (index.device.type == "cuda" and rows_contiguous and _C._built_with_cuda()
+                and (table.device.type == "unified" or table.device == index.device)):
+            _C._gather_rows_scaled_cuda(table, flat, out.view(-1, *table.shape[1:]), scale.contiguous(),
+                                        _ORDERS[order], max_sms or 0)
+            return out
+        # elsewhere: the float8 rows as they are, then upcast and scaled where they landed
+        rows = gather(table, index, order=order, max_sms=max_sms)
+        s = gather(scale, index, order=order, max_sms=max_sms)
+        out.copy_((rows.to(torch.float32) * s.unsqueeze(-1).view(*index.shape, *([1] * (table.dim() - 1))))
+                  .to(dtype))
+        return out
     if index.device.type == "cpu" and table.device.type == "unified" and rows_contiguous:
         _C._gather_rows_cpu(table, flat, out.view(-1, *table.shape[1:]))
         return out
@@ -122,3 +144,74 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
     rows = torch.index_select(table, 0, flat)
     out.copy_(rows.view(shape))
     return out
+
+
+def _check_scale(table, index, scale, dtype, cpu_threads) -> None:
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"gather: scale must be a tensor, got {type(scale).__name__}")
+    if table.dtype != FP8:
+        raise TypeError(f"gather: scale= reads a float8_e4m3fn table (quantize_rows_fp8), got a {table.dtype} table")
+    if scale.dtype != torch.float32 or scale.dim() != 1 or scale.shape[0] != table.shape[0]:
+        raise ValueError(f"gather: scale must be a 1-D float32 tensor with one entry per table row "
+                         f"({table.shape[0]}), got {scale.dtype} of shape {tuple(scale.shape)}")
+    if dtype is not None and dtype not in _CASTABLE:
+        raise TypeError(f"gather: a scaled gather returns float32, float16 or bfloat16, not {dtype}")
+    if cpu_threads:
+        raise ValueError("gather: cpu_threads does not apply to a scaled (float8) gather")
+    if index.device.type == "cuda" and scale.device.type != "unified" and scale.device != index.device:
+        raise ValueError(f"gather: with a CUDA index, scale must be unified or on {index.device}, "
+                         f"got {scale.device}")
+
+
+def quantize_rows_fp8(x: torch.Tensor, *, device=None, compute=None, chunk_rows: int = 1 << 16,
+                      progress=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scale)``: the rows of ``x`` as float8_e4m3fn with a float32 scale per row.
+
+    ``scale[i] = max(|x[i]|) / 448`` (448 is e4m3's largest value; 1 for a row of zeros) and
+    ``q[i] = x[i] / scale[i]`` rounded to e4m3, so ``q[i].float() * scale[i]`` is ``x[i]``
+    to e4m3's 3 mantissa bits (a relative error of at most 1/16 per entry, and exact zeros).
+    A table so stored takes a quarter of float32's bytes and half of float16's; read it with
+    ``gather(q, index, scale=scale, dtype=...)``.
+
+    ``x``: a 2-D floating tensor (CPU, unified or CUDA). ``q`` and ``scale`` are made on
+    ``device`` (default ``x``'s device; ``"unified"`` puts a CPU table's result in unified
+    memory). Rows are converted ``chunk_rows`` at a time on ``compute`` (default: the GPU
+    when one is usable, else the CPU), so memory beyond the result stays bounded.
+    ``progress(rows_done)`` is called after each chunk. A non-finite value raises
+    ValueError naming its row, before the result is returned.
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise TypeError("quantize_rows_fp8: x must be a 2-D floating tensor, got "
+                        + (f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor)
+                           else type(x).__name__))
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows <= 0:
+        raise ValueError(f"quantize_rows_fp8: chunk_rows must be a positive int, got {chunk_rows!r}")
+    device = torch.device(device) if device is not None else x.device
+    if compute is None:
+        compute = torch.device("cuda", torch.cuda.current_device()) if (
+            torch.cuda.is_available() and _C._built_with_cuda()) else torch.device("cpu")
+    compute = torch.device(compute)
+    if compute.type not in ("cpu", "cuda"):
+        raise ValueError(f"quantize_rows_fp8: compute must be 'cpu' or a CUDA device, got {compute}")
+    src = _C._as_cpu_alias(x) if x.device.type == "unified" else x
+    q = torch.empty(x.shape, dtype=FP8, device=device)
+    scale = torch.empty(x.shape[0], dtype=torch.float32, device=device)
+    q_w = _C._as_cpu_alias(q) if device.type == "unified" else q
+    s_w = _C._as_cpu_alias(scale) if device.type == "unified" else scale
+    on_gpu = compute.type == "cuda"
+    for b in range(0, x.shape[0], chunk_rows):
+        e = min(b + chunk_rows, x.shape[0])
+        part = src[b:e].to(compute, non_blocking=on_gpu).to(torch.float32)
+        amax = part.abs().amax(dim=1)
+        if not bool(torch.isfinite(amax).all()):
+            bad = b + int(torch.nonzero(~torch.isfinite(amax))[0, 0])
+            raise ValueError(f"quantize_rows_fp8: row {bad} holds a non-finite value")
+        s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        qb = (part / s.unsqueeze(1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+        q_w[b:e].copy_(qb)
+        s_w[b:e].copy_(s)
+        if progress is not None:
+            progress(e)
+    if on_gpu:
+        torch.cuda.synchronize(compute)
+    return q, scale

@@ -32,6 +32,12 @@ inline void bind_gathers(pybind11::module& m) {
     return native::gather_rows_cuda(table, index, out, static_cast<native::GatherOrder>(order),
                                     max_sms, "gather");
   }, no_gil());
+  m.def("_gather_rows_scaled_cuda", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out,
+                                       const at::Tensor& scale, int64_t order, int64_t max_sms) {
+    TORCH_CHECK(order >= 0 && order <= 2, "gather: bad order code");
+    return native::gather_rows_scaled_cuda(table, index, out, scale, static_cast<native::GatherOrder>(order),
+                                           max_sms, "gather");
+  }, no_gil());
   m.def("_gather_rows_hybrid", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out,
                                   int64_t cpu_threads, double cpu_fraction, int64_t order,
                                   int64_t max_sms) {

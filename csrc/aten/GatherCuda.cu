@@ -14,7 +14,8 @@
 //   3. the gather reads rows in that order, each distinct row once (equal rows
 //      are adjacent after sorting), and writes it to every position asking for
 //      it; loads are the widest aligned vector the row allows; a dtype cast
-//      between floating types is fused into the store;
+//      between floating types is fused into the store, and so is the per-row
+//      scale of a float8 table (gather_rows_scaled_cuda: row * scale[row]);
 //   4. it runs on the current stream, optionally on fewer SMs than the GPU has.
 // The kernel re-checks each row number and never reads outside the table.
 
@@ -31,6 +32,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -141,18 +143,24 @@ __global__ void make_pairs_kernel(const index_t* __restrict__ idx, int64_t n, in
 // skipped, and the first of a run of equal keys writes every position of the
 // run.
 
+// A chunk of a row as out_t, times the row's scale `s` (1 for an unscaled table: exact).
 template <typename in_t, typename out_t, int V>
-__device__ __forceinline__ Vec<out_t, V> convert(const Vec<in_t, V>& x) {
+__device__ __forceinline__ Vec<out_t, V> convert(const Vec<in_t, V>& x, float s) {
   if constexpr (std::is_same_v<in_t, out_t>) {
     return x;
   } else {
     Vec<out_t, V> y;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      y.v[k] = static_cast<out_t>(static_cast<float>(x.v[k]));
+      y.v[k] = static_cast<out_t>(static_cast<float>(x.v[k]) * s);
     }
     return y;
   }
+}
+
+// The scale of row r (null `scale`: an unscaled table).
+__device__ __forceinline__ float row_scale(const float* __restrict__ scale, int64_t r) {
+  return scale == nullptr ? 1.0f : scale[r];
 }
 
 // The table row entry j reads, or -1 when it reads none: with `dedupe`, j repeats the key
@@ -191,13 +199,15 @@ template <typename in_t, typename out_t, int V, typename key_t>
 __global__ void __launch_bounds__(kThreads)
 gather_kernel(const char* __restrict__ table, int64_t row_stride_bytes, int64_t rows,
               const key_t* __restrict__ keys, const int32_t* __restrict__ pos, int64_t n,
-              int64_t chunks, char* __restrict__ out, int64_t out_row_bytes, bool dedupe) {
+              int64_t chunks, char* __restrict__ out, int64_t out_row_bytes, bool dedupe,
+              const float* __restrict__ scale) {
   using InV = Vec<in_t, V>;
   const int64_t total = n * chunks;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads * kUnroll;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
        base < total; base += step) {
     InV val[kUnroll];
+    float sc[kUnroll];
     int64_t entry[kUnroll];
     int64_t chunk[kUnroll];
     bool live[kUnroll];
@@ -213,13 +223,14 @@ gather_kernel(const char* __restrict__ table, int64_t row_stride_bytes, int64_t 
         if (r >= 0) {
           live[u] = true;
           val[u] = reinterpret_cast<const InV*>(table + r * row_stride_bytes)[chunk[u]];
+          sc[u] = row_scale(scale, r);
         }
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (live[u]) {
-        write_run(convert<in_t, out_t, V>(val[u]), out, out_row_bytes, keys, pos, n, entry[u],
+        write_run(convert<in_t, out_t, V>(val[u], sc[u]), out, out_row_bytes, keys, pos, n, entry[u],
                   chunk[u], dedupe);
       }
     }
@@ -236,16 +247,18 @@ template <typename in_t, typename out_t, int V, typename key_t>
 __global__ void gather_row_per_block_kernel(const char* __restrict__ table, int64_t row_stride_bytes,
                                             int64_t rows, const key_t* __restrict__ keys,
                                             const int32_t* __restrict__ pos, int64_t n, int64_t chunks,
-                                            char* __restrict__ out, int64_t out_row_bytes, bool dedupe) {
+                                            char* __restrict__ out, int64_t out_row_bytes, bool dedupe,
+                                            const float* __restrict__ scale) {
   using InV = Vec<in_t, V>;
   const int64_t j = blockIdx.x;
   const int64_t r = row_to_read(keys, j, rows, dedupe);
   if (r < 0) {
     return;
   }
+  const float s = row_scale(scale, r);
   const InV* src = reinterpret_cast<const InV*>(table + r * row_stride_bytes);
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-    write_run(convert<in_t, out_t, V>(src[c]), out, out_row_bytes, keys, pos, n, j, c, dedupe);
+    write_run(convert<in_t, out_t, V>(src[c], s), out, out_row_bytes, keys, pos, n, j, c, dedupe);
   }
 }
 
@@ -336,16 +349,17 @@ int copy_unit(int64_t row_bytes, int64_t stride_bytes, const void* in, const voi
 template <typename in_t, typename out_t, int V, typename key_t>
 void launch_rows(const char* table, int64_t stride_bytes, int64_t rows, const key_t* keys,
                  const int32_t* pos, int64_t n, int64_t chunks, char* out, int64_t out_row_bytes,
-                 bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
+                 bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream,
+                 const float* scale = nullptr) {
   const int64_t table_bytes = rows * stride_bytes;
   if (use_row_per_block(table_bytes) && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max()) {
     const int64_t threads = std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32);
     gather_row_per_block_kernel<in_t, out_t, V, key_t><<<n, threads, 0, stream>>>(
-        table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe);
+        table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe, scale);
   } else {
     const int64_t grid = gather_grid(n * chunks, chunks, max_sms, device, table_bytes);
     gather_kernel<in_t, out_t, V, key_t><<<grid, kThreads, 0, stream>>>(
-        table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe);
+        table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe, scale);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -377,45 +391,58 @@ void launch_copy(int unit, const char* table, int64_t stride_bytes, int64_t rows
 template <typename in_t, typename out_t, typename key_t>
 void launch_cast(const char* table, int64_t stride_bytes, int64_t rows, const key_t* keys,
                  const int32_t* pos, int64_t n, int64_t width, char* out, bool dedupe,
-                 int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
-  constexpr int V = 4;
-  const bool vec = width % V == 0 && stride_bytes % (sizeof(in_t) * V) == 0 &&
-                   aligned(table, sizeof(in_t) * V) && aligned(out, sizeof(out_t) * V);
+                 int max_sms, c10::DeviceIndex device, cudaStream_t stream, const float* scale) {
+  // 16-byte loads of a float8 row (16 elements), 4 elements of a wider one
+  constexpr int kWide = sizeof(in_t) == 1 ? 16 : 4;
+  auto fits = [&](int v) {
+    return width % v == 0 && stride_bytes % (static_cast<int64_t>(sizeof(in_t)) * v) == 0 &&
+           aligned(table, sizeof(in_t) * v) && aligned(out, sizeof(out_t) * v);
+  };
   const int64_t out_row_bytes = width * static_cast<int64_t>(sizeof(out_t));
-  if (vec) {
-    launch_rows<in_t, out_t, V, key_t>(table, stride_bytes, rows, keys, pos, n, width / V, out,
-                                       out_row_bytes, dedupe, max_sms, device, stream);
+  if (fits(kWide)) {
+    launch_rows<in_t, out_t, kWide, key_t>(table, stride_bytes, rows, keys, pos, n, width / kWide, out,
+                                           out_row_bytes, dedupe, max_sms, device, stream, scale);
+  } else if (kWide != 4 && fits(4)) {
+    launch_rows<in_t, out_t, 4, key_t>(table, stride_bytes, rows, keys, pos, n, width / 4, out,
+                                       out_row_bytes, dedupe, max_sms, device, stream, scale);
   } else {
     launch_rows<in_t, out_t, 1, key_t>(table, stride_bytes, rows, keys, pos, n, width, out,
-                                       out_row_bytes, dedupe, max_sms, device, stream);
+                                       out_row_bytes, dedupe, max_sms, device, stream, scale);
   }
 }
 
+// The output types of a fused cast.
 bool castable(c10::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+// The table types of a fused cast: those, and float8 e4m3 (upcast, optionally scaled per row).
+bool castable_from(c10::ScalarType t) {
+  return castable(t) || t == at::kFloat8_e4m3fn;
 }
 
 template <typename key_t>
 void launch(const at::Tensor& table, const char* base, int64_t rows, const key_t* keys,
             const int32_t* pos, int64_t n, at::Tensor& out, bool dedupe, int max_sms,
-            cudaStream_t stream) {
+            cudaStream_t stream, const float* scale) {
   const int64_t width = row_width(table);
   const int64_t stride_bytes = table.stride(0) * table.element_size();
   const auto device = out.device().index();
   char* dst = static_cast<char*>(out.data_ptr());
   if (out.scalar_type() == table.scalar_type()) {
+    TORCH_INTERNAL_ASSERT(scale == nullptr, "a scaled gather casts");
     const int64_t row_bytes = width * table.element_size();
     launch_copy<key_t>(copy_unit(row_bytes, stride_bytes, base, dst), base, stride_bytes, rows,
                        keys, pos, n, row_bytes, dst, dedupe, max_sms, device, stream);
     return;
   }
-  TORCH_INTERNAL_ASSERT(castable(table.scalar_type()) && castable(out.scalar_type()));
+  TORCH_INTERNAL_ASSERT(castable_from(table.scalar_type()) && castable(out.scalar_type()));
   auto in_type = table.scalar_type();
   auto out_type = out.scalar_type();
 #define TD_CAST(IN_ENUM, IN_T, OUT_ENUM, OUT_T)                                               \
   if (in_type == IN_ENUM && out_type == OUT_ENUM) {                                           \
     return launch_cast<IN_T, OUT_T, key_t>(base, stride_bytes, rows, keys, pos, n, width, dst, \
-                                           dedupe, max_sms, device, stream);                  \
+                                           dedupe, max_sms, device, stream, scale);           \
   }
   TD_CAST(at::kHalf, c10::Half, at::kFloat, float)
   TD_CAST(at::kBFloat16, c10::BFloat16, at::kFloat, float)
@@ -423,6 +450,12 @@ void launch(const at::Tensor& table, const char* base, int64_t rows, const key_t
   TD_CAST(at::kFloat, float, at::kBFloat16, c10::BFloat16)
   TD_CAST(at::kHalf, c10::Half, at::kBFloat16, c10::BFloat16)
   TD_CAST(at::kBFloat16, c10::BFloat16, at::kHalf, c10::Half)
+  TD_CAST(at::kHalf, c10::Half, at::kHalf, c10::Half)              // scaled only
+  TD_CAST(at::kBFloat16, c10::BFloat16, at::kBFloat16, c10::BFloat16)
+  TD_CAST(at::kFloat, float, at::kFloat, float)
+  TD_CAST(at::kFloat8_e4m3fn, c10::Float8_e4m3fn, at::kFloat, float)
+  TD_CAST(at::kFloat8_e4m3fn, c10::Float8_e4m3fn, at::kHalf, c10::Half)
+  TD_CAST(at::kFloat8_e4m3fn, c10::Float8_e4m3fn, at::kBFloat16, c10::BFloat16)
 #undef TD_CAST
   TORCH_INTERNAL_ASSERT(false, "unhandled cast");
 }
@@ -430,7 +463,7 @@ void launch(const at::Tensor& table, const char* base, int64_t rows, const key_t
 } // namespace
 
 bool gather_cuda_can_cast(c10::ScalarType from, c10::ScalarType to) {
-  return from == to || (castable(from) && castable(to));
+  return from == to || (castable_from(from) && castable(to));
 }
 
 IndexStats index_stats_cuda(const at::Tensor& index, int64_t rows) {
@@ -494,7 +527,8 @@ void check_gather_args(const at::Tensor& table, const at::Tensor& index, const a
 // The gather proper, after the checks: `idx` contiguous, every value valid
 // (`s` describes the index the caller checked, of which idx may be a part).
 void launch_gather(const at::Tensor& table, const at::Tensor& idx, at::Tensor& out,
-                   GatherOrder order, int64_t max_sms, const IndexStats& s) {
+                   GatherOrder order, int64_t max_sms, const IndexStats& s,
+                   const float* scale = nullptr) {
   const int64_t rows = table.size(0);
   const int64_t n = idx.numel();
   if (n == 0 || out.numel() == 0) {
@@ -511,7 +545,7 @@ void launch_gather(const at::Tensor& table, const at::Tensor& idx, at::Tensor& o
     // In index order; an index already sorted has its repeats adjacent: read them once.
     AT_DISPATCH_INDEX_TYPES(idx.scalar_type(), "gather_rows_cuda", [&] {
       launch<index_t>(table, base, rows, idx.const_data_ptr<index_t>(), nullptr, n, out,
-                      /*dedupe=*/s.sorted, static_cast<int>(max_sms), stream);
+                      /*dedupe=*/s.sorted, static_cast<int>(max_sms), stream, scale);
     });
     return;
   }
@@ -538,7 +572,7 @@ void launch_gather(const at::Tensor& table, const at::Tensor& idx, at::Tensor& o
     C10_CUDA_CHECK(td_cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, k_in, k_out, p_in,
                                                    p_out, static_cast<int>(n), 0, end_bit, stream));
     launch<key_t>(table, base, rows, k_out, p_out, n, out, /*dedupe=*/true,
-                  static_cast<int>(max_sms), stream);
+                  static_cast<int>(max_sms), stream, scale);
   };
   if (rows <= (int64_t(1) << 32)) {
     run_sorted(uint32_t{0});
@@ -590,6 +624,33 @@ at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, a
   const IndexStats s = index_stats_cuda(idx, table.size(0));
   check_index_bounds(s.min, s.max, table.size(0), op, allow_negative);  // before any read
   launch_gather(table, idx, out, order, max_sms, s);
+  return out;
+}
+
+at::Tensor& gather_rows_scaled_cuda(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
+                                    const at::Tensor& scale, GatherOrder order, int64_t max_sms,
+                                    const char* op) {
+  check_gather_settings();
+  check_gather_args(table, index, out, op);
+  TORCH_CHECK(table.scalar_type() == at::kFloat8_e4m3fn, op,
+              ": a scaled gather reads a float8_e4m3fn table, got ", table.scalar_type());
+  TORCH_CHECK(castable(out.scalar_type()), op, ": a scaled gather writes float32, float16 or bfloat16, got ",
+              out.scalar_type());
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.dim() == 1 && scale.is_contiguous() &&
+                  scale.size(0) == table.size(0),
+              op, ": scale must be a contiguous 1-D float32 tensor with one entry per table row (",
+              table.size(0), "), got ", scale.scalar_type(), " of shape ", scale.sizes());
+  TORCH_CHECK(is_unified(scale) || (scale.is_cuda() && scale.device() == index.device()), op,
+              ": scale must be unified or on the index's CUDA device, got ", scale.device());
+  if (index.numel() == 0) {
+    return out;
+  }
+  c10::cuda::CUDAGuard guard(index.device());
+  const at::Tensor idx = index.contiguous();
+  const IndexStats s = index_stats_cuda(idx, table.size(0));
+  check_index_bounds(s.min, s.max, table.size(0), op, /*allow_negative=*/true);  // before any read
+  const at::Tensor dev_scale = is_unified(scale) ? alias_as(scale, idx.device()) : scale;
+  launch_gather(table, idx, out, order, max_sms, s, dev_scale.const_data_ptr<float>());
   return out;
 }
 

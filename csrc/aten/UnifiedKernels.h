@@ -132,13 +132,20 @@ struct IndexStats {
 // One pass over a contiguous 1-D CUDA index; synchronizes the current stream.
 TORCH_DIRECT_ATEN_CUDA_API IndexStats index_stats_cuda(const at::Tensor& index, int64_t rows);
 // out[i] = table[index[i]] (rows of `table`, a unified table or one on the
-// index's GPU), cast to out's dtype (any floating pair, or equal dtypes).
+// index's GPU), cast to out's dtype (any floating pair, float8_e4m3fn to a
+// floating type, or equal dtypes).
 // Raises IndexError before any read if an index is out of range. max_sms > 0
 // caps the SMs used.
 TORCH_DIRECT_ATEN_CUDA_API at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                              GatherOrder order, int64_t max_sms, const char* op,
                              bool allow_negative = true);
 TORCH_DIRECT_ATEN_CUDA_API bool gather_cuda_can_cast(c10::ScalarType from, c10::ScalarType to);
+// out[i] = table[index[i]] * scale[index[i]]: a float8_e4m3fn table's rows upcast to out's
+// dtype (float32, float16 or bfloat16) and scaled by their row's float32 scale (unified or
+// on the index's GPU) in the gather kernel itself. Same checks and order as gather_rows_cuda.
+TORCH_DIRECT_ATEN_CUDA_API at::Tensor& gather_rows_scaled_cuda(const at::Tensor& table, const at::Tensor& index,
+                                    at::Tensor& out, const at::Tensor& scale, GatherOrder order,
+                                    int64_t max_sms, const char* op);
 // Elements per row of a gather table: the product of the sizes after the
 // first (also for a table with no rows). GatherCpu.cpp.
 TORCH_DIRECT_ATEN_API int64_t row_width(const at::Tensor& table);

@@ -144,7 +144,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_map_for_gpu", &at::native::unified::map_for_gpu);
   m.def("_as_cuda_alias", &at::native::unified::as_cuda_alias);
   m.def("_as_cpu_alias", &at::native::unified::as_cpu_alias);
-  torch_direct::bind_gathers(m);  // _gather_rows_cpu, and with CUDA _gather_rows_cuda/_hybrid, _hybrid_cpu_fraction
+  torch_direct::bind_gathers(m);  // _gather_rows_cpu, and with CUDA _gather_rows_cuda/_scaled_cuda/_hybrid, _hybrid_cpu_fraction
 #ifndef TORCH_DIRECT_WITH_CUDA
   // Without CUDA the extension still has these names, each saying why it cannot run.
   m.def("_gather_rows_cuda", [](const at::Tensor&, const at::Tensor&, at::Tensor out, int64_t, int64_t) {
@@ -155,6 +155,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                   int64_t, int64_t) {
     TORCH_CHECK(false, "torch_direct was built without CUDA");
     return 0.0;
+  });
+  m.def("_gather_rows_scaled_cuda", [](const at::Tensor&, const at::Tensor&, at::Tensor out,
+                                       const at::Tensor&, int64_t, int64_t) {
+    TORCH_CHECK(false, "torch_direct was built without CUDA");
+    return out;
   });
   m.def("_hybrid_cpu_fraction", [](int64_t, int64_t, int64_t) { return 0.0; });
 #endif

@@ -35,6 +35,36 @@ def graph_to_gpu(graph, device):
     return graph.to(device)
 
 
+_CONVERT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def feature_table(x: torch.Tensor, feature_dtype: str, where: str, say=print, show: bool = True):
+    """``(table, scale)``: the feature table as ``--feature-dtype`` holds it. ``stored``: ``x``
+    itself; ``fp32``/``fp16``/``bf16``: converted once; ``fp8``: float8 e4m3 rows with a float32
+    scale each (``scale``; None otherwise), made on ``where`` ("unified" or "cpu") a chunk at a
+    time on the GPU when one is usable."""
+    if feature_dtype == "stored":
+        return x, None
+    if feature_dtype in _CONVERT:
+        return x.to(_CONVERT[feature_dtype]), None
+    if feature_dtype != "fp8":
+        raise ValueError(f"--feature-dtype: expected one of stored, fp32, fp16, bf16, fp8, got {feature_dtype!r}")
+    from ..progress import progress
+    from torch_direct import quantize_rows_fp8
+    rows = x.shape[0]
+    with progress(rows, "features to fp8", enabled=show and rows >= 1 << 20) as bar:
+        done = [0]
+
+        def advance(n):
+            bar.update(n - done[0])
+            done[0] = n
+        q, scale = quantize_rows_fp8(x, device=where, progress=advance)
+    say(f"train: features held as float8 e4m3 with a scale per row ({q.numel() / 2**30:.2f} GiB + "
+        f"{scale.numel() * 4 / 2**30:.2f} GiB of scales, from {x.numel() * x.element_size() / 2**30:.2f} GiB "
+        f"of {str(x.dtype).replace('torch.', '')})")
+    return q, scale
+
+
 class PipelinedBatches:
     """The batches of ``--pipeline unified|cpu_centric|gpu_resident`` for data set ``ds`` on
     ``device``; ``ctx`` the distributed context (or None)."""
@@ -64,7 +94,10 @@ class PipelinedBatches:
             graph = ds.graph
             # pinned batches: the loader's copy of each batch to the GPU is then a DMA
             make_sampler = lambda f, s: NeighborSampler(graph, f, seed=s, pin_memory=cuda)  # noqa: E731
-        self.store = make_feature_store(args.pipeline, ds.x, device, torch.float32,
+        x, scale = feature_table(ds.x, getattr(args, "feature_dtype", "stored"),
+                                 "unified" if args.pipeline == "unified" and ctx is None else "cpu", say,
+                                 show=not getattr(args, "no_progress", False))
+        self.store = make_feature_store(args.pipeline, x, device, torch.float32, scale=scale,
                                         cache_bytes=args.cache_mb << 20,
                                         # ranked by how often the sampler reads a row (its outermost
                                         # hop reads the most rows), not by row length
@@ -87,7 +120,9 @@ class PipelinedBatches:
         self.train = loader(ds.split["train"], args.fanouts, sample_seed, args.batch_size,
                             generator=torch.Generator().manual_seed(args.seed))
         self.info = {"sampler": "gpu" if use_gpu_sampler else "cpu", "graph": graph.device.type,
-                     "loader_priority": args.loader_priority, "merge_gathers": merge}
+                     "loader_priority": args.loader_priority, "merge_gathers": merge,
+                     "feature_dtype": str(self.store.source_dtype).replace("torch.", "")
+                     + (" with row scales" if self.store.scaled else "")}
         self._args, self._ctx, self._device = args, ctx, device
 
     def evaluation(self, ids, fanouts, seed):
@@ -107,6 +142,7 @@ class PipelinedBatches:
                 f"sampler {info['sampler']} (CSR on {info['graph']}), fanouts {a.fanouts}, batch {a.batch_size}, "
                 f"hidden {a.hidden}"
                 + (f", precision {a.precision}" if a.precision != "fp32" else "")
+                + (f", features as {info['feature_dtype']}" if getattr(a, "feature_dtype", "stored") != "stored" else "")
                 + (f", loader streams at {a.loader_priority} priority" if a.loader_priority != "normal" else "")
                 + reorder_text
                 + (f", {merge} batches per gather" if merge > 1 else "")

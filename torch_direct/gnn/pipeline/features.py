@@ -13,8 +13,15 @@ Three kinds (BENCHMARKS.md, "End-to-end GNN training"):
                   copies it to the GPU (on the caller's stream, typically a side stream).
 ``gpu_resident``  the whole table is copied to the GPU once; a gather is an ``index_select``.
 
+A table may be stored as float8 (e4m3) with a float32 scale per row
+(``torch_direct.quantize_rows_fp8``): ``make_feature_store(kind, q, device, scale=scale)``.
+Every kind then moves a quarter of float32's bytes (half of float16's) and returns
+``q[n_id] * scale[n_id]`` as ``dtype``; the unified store's gather kernel does the upcast and the
+scaling as it reads the rows.
+
 ``CachedFeatureStore(store, cache_bytes, degree)`` wraps any store with a cache of its hot rows
-in the store's device memory: the ``cache_bytes`` worth of rows with the highest ``degree`` score
+in the store's device memory, kept in the table's own format (float8 rows with their scales,
+float16 rows as float16): the ``cache_bytes`` worth of rows with the highest ``degree`` score
 (how often a row is read: ``torch_direct.gnn.graph.access_frequency``, which ``train`` passes; an
 undirected graph's degree is the same ranking) are read once and served from there, the others
 from the store. ``make_feature_store(..., cache_bytes=)`` builds it.
@@ -34,6 +41,15 @@ import torch
 import torch_direct
 
 KINDS = ("unified", "cpu_centric", "gpu_resident")
+FP8 = torch.float8_e4m3fn
+_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def dequantize(rows: torch.Tensor, scale_rows: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Rows of a table as ``dtype``: times their row scales when the table is float8."""
+    if scale_rows is None:
+        return rows.to(dtype)
+    return (rows.to(torch.float32) * scale_rows.unsqueeze(1)).to(dtype)
 
 
 def cuda_usable() -> bool:
@@ -61,6 +77,32 @@ def _check_index(n_id, num_rows: int) -> torch.Tensor:
     return n_id
 
 
+def check_scale(x, scale, dtype, who: str) -> None:
+    """Refuse a float8 table without its scales, or scales that do not fit the table."""
+    if scale is None:
+        if isinstance(x, torch.Tensor) and x.dtype == FP8:
+            raise ValueError(f"{who}: a float8 table needs its per-row scale= "
+                             f"(torch_direct.quantize_rows_fp8 returns both)")
+        return
+    if not isinstance(x, torch.Tensor) or x.dtype != FP8:
+        raise TypeError(f"{who}: scale= goes with a float8_e4m3fn table, got "
+                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if (not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.dim() != 1
+            or scale.shape[0] != x.shape[0]):
+        raise ValueError(f"{who}: scale must be a 1-D float32 tensor with one entry per row ({x.shape[0]}), got "
+                         + (f"{scale.dtype} of shape {tuple(scale.shape)}" if isinstance(scale, torch.Tensor)
+                            else type(scale).__name__))
+    if dtype is not None and dtype not in _OUT_DTYPES:
+        raise TypeError(f"{who}: a float8 table is read as float32, float16 or bfloat16, not {dtype}")
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a CPU tensor: a unified one's CPU alias, a CUDA one's copy."""
+    if t.device.type == "unified":
+        return torch_direct.cpu_alias(t)
+    return t if t.device.type == "cpu" else t.cpu()
+
+
 def _stream_ctx(stream, device: torch.device):
     if stream is None or device.type != "cuda":
         return nullcontext()
@@ -81,20 +123,25 @@ class FeatureStore:
 
     kind = "abstract"
 
-    def __init__(self, x: torch.Tensor, device, dtype: torch.dtype | None = None):
+    def __init__(self, x: torch.Tensor, device, dtype: torch.dtype | None = None,
+                 scale: torch.Tensor | None = None):
+        who = type(self).__name__
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise TypeError(f"{type(self).__name__}: x must be a 2-D tensor [num_rows, dim], got "
+            raise TypeError(f"{who}: x must be a 2-D tensor [num_rows, dim], got "
                             f"{type(x).__name__ if not isinstance(x, torch.Tensor) else tuple(x.shape)}")
         if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise TypeError(f"{type(self).__name__}: dtype must be a torch.dtype, got {dtype!r}")
+            raise TypeError(f"{who}: dtype must be a torch.dtype, got {dtype!r}")
+        check_scale(x, scale, dtype, who)
         self.device = check_device(device)
         self.num_rows, self.dim = x.shape
         self.source_dtype = x.dtype
-        self.dtype = dtype or x.dtype
+        self.dtype = dtype or (torch.float32 if scale is not None else x.dtype)
+        self.scaled = scale is not None
 
     @property
     def row_bytes(self) -> int:
-        return self.dim * torch.empty((), dtype=self.source_dtype).element_size()
+        """Bytes a row takes in the table (its scale included)."""
+        return self.dim * torch.empty((), dtype=self.source_dtype).element_size() + (4 if self.scaled else 0)
 
     def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
         device = self.device if device is None else check_device(device)
@@ -129,13 +176,15 @@ class UnifiedFeatureStore(FeatureStore):
 
     kind = "unified"
 
-    def __init__(self, x, device, dtype=None, *, pin_inplace: bool = False, max_sms: int | None = None,
-                 cpu_threads: int = 0):
-        super().__init__(x, device, dtype)
+    def __init__(self, x, device, dtype=None, *, scale=None, pin_inplace: bool = False,
+                 max_sms: int | None = None, cpu_threads: int = 0):
+        super().__init__(x, device, dtype, scale)
         if max_sms is not None and (isinstance(max_sms, bool) or not isinstance(max_sms, int) or max_sms <= 0):
             raise ValueError(f"UnifiedFeatureStore: max_sms must be a positive int or None, got {max_sms!r}")
         if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 0:
             raise ValueError(f"UnifiedFeatureStore: cpu_threads must be an int >= 0, got {cpu_threads!r}")
+        if cpu_threads and scale is not None:
+            raise ValueError("UnifiedFeatureStore: cpu_threads (the hybrid gather) does not apply to a float8 table")
         self.max_sms = max_sms
         self.cpu_threads = cpu_threads if self.device.type == "cuda" else 0  # the CPU path has no GPU share
         if x.device.type == "unified":
@@ -144,9 +193,15 @@ class UnifiedFeatureStore(FeatureStore):
             self.table = torch_direct.pin_inplace(x.contiguous())
         else:
             self.table = x.contiguous().to("unified")
+        # the scales (4 bytes a row) sit in the device's memory, read by the gather kernel
+        self.scale = None if scale is None else (
+            scale.to(self.device) if self.device.type == "cuda" else _host(scale))
 
     def read(self, idx, device):
         idx = idx.to(device, non_blocking=True)
+        if self.scale is not None:
+            scale = self.scale if device == self.device else self.scale.to(device)
+            return torch_direct.gather(self.table, idx, dtype=self.dtype, scale=scale, max_sms=self.max_sms)
         if self.cpu_threads and device.type == "cuda":
             y = torch_direct.gather(self.table, idx, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
             return y.to(self.dtype)
@@ -170,22 +225,24 @@ class CPUCentricFeatureStore(FeatureStore):
 
     kind = "cpu_centric"
 
-    def __init__(self, x, device, dtype=None):
-        super().__init__(x, device, dtype)
-        if x.device.type == "unified":
-            x = torch_direct.cpu_alias(x)
-        elif x.device.type != "cpu":
-            x = x.cpu()
-        self.table = x
+    def __init__(self, x, device, dtype=None, *, scale=None):
+        super().__init__(x, device, dtype, scale)
+        self.table = _host(x)
+        self.scale = None if scale is None else _host(scale)
 
     def read(self, idx, device):
         idx = idx.cpu()
         pin = device.type == "cuda"
         buf = torch.empty(idx.numel(), self.dim, dtype=self.source_dtype, pin_memory=pin)
         torch.index_select(self.table, 0, idx, out=buf)        # intra-op CPU threads
-        if device.type == "cpu":
-            return buf.to(self.dtype)
-        return buf.to(device, non_blocking=True).to(self.dtype)
+        sbuf = None
+        if self.scale is not None:
+            sbuf = torch.empty(idx.numel(), dtype=torch.float32, pin_memory=pin)
+            torch.index_select(self.scale, 0, idx, out=sbuf)
+        if device.type == "cuda":
+            buf = buf.to(device, non_blocking=True)
+            sbuf = None if sbuf is None else sbuf.to(device, non_blocking=True)
+        return dequantize(buf, sbuf, self.dtype)
 
 
 class GPUResidentFeatureStore(FeatureStore):
@@ -193,18 +250,21 @@ class GPUResidentFeatureStore(FeatureStore):
 
     kind = "gpu_resident"
 
-    def __init__(self, x, device, dtype=None):
-        super().__init__(x, device, dtype)
+    def __init__(self, x, device, dtype=None, *, scale=None):
+        super().__init__(x, device, dtype, scale)
         if x.device.type == "unified":
             x = torch_direct.cpu_alias(x)
         self.table = x.to(self.device)          # in its own dtype: rows are cast as gathered
+        self.scale = None if scale is None else _host(scale).to(self.device)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)   # gathers on side streams read the table
 
     def read(self, idx, device):
         if device != self.device:
             raise ValueError(f"GPUResidentFeatureStore: the table is on {self.device}, asked for {device}")
-        return torch.index_select(self.table, 0, idx.to(device, non_blocking=True)).to(self.dtype)
+        idx = idx.to(device, non_blocking=True)
+        rows = torch.index_select(self.table, 0, idx)
+        return dequantize(rows, None if self.scale is None else torch.index_select(self.scale, 0, idx), self.dtype)
 
 
 def _check_cache_args(cache_bytes, degree, num_rows, who: str):
@@ -224,9 +284,10 @@ class CachedFeatureStore(FeatureStore):
     """Any store, with a cache of its hottest rows in its device's memory.
 
     The rows with the highest ``degree`` score (one entry per row; it should say how often
-    a row is read, as ``access_frequency`` does) that fit in ``cache_bytes`` (counted in the
-    store's output dtype, the cache's) are read from ``store`` once and kept on
-    ``store.device``. A gather onto that device serves the cached rows from there and reads
+    a row is read, as ``access_frequency`` does) that fit in ``cache_bytes`` are read from
+    ``store`` once and kept on ``store.device`` in the table's own format (``row_bytes``
+    each: a float16 table's rows as float16, a float8 table's with their scales), and cast
+    (scaled) to the output dtype when served. A gather onto that device serves the cached rows from there and reads
     the others through ``store.read``; it waits for the device once, to learn how many rows
     missed. A gather onto another device goes to the store. On a CPU device the cache is a
     copy in ordinary memory (it changes nothing there, which is what the CPU tests use).
@@ -239,14 +300,16 @@ class CachedFeatureStore(FeatureStore):
         self.store = store
         self.kind = store.kind
         self.device, self.num_rows, self.dim = store.device, store.num_rows, store.dim
-        self.source_dtype, self.dtype = store.source_dtype, store.dtype
-        out_row_bytes = self.dim * torch.empty((), dtype=self.dtype).element_size()
-        self.cache_rows = min(self.num_rows, cache_bytes // max(1, out_row_bytes))
-        self.cache = self.slot = None
+        self.source_dtype, self.dtype, self.scaled = store.source_dtype, store.dtype, store.scaled
+        self.cache_rows = min(self.num_rows, cache_bytes // max(1, store.row_bytes))
+        self.cache = self.cache_scale = self.slot = None
         self.hits = self.lookups = 0
         if self.cache_rows:
             hot = torch.topk(degree.cpu().float(), self.cache_rows, sorted=False).indices.sort().values
-            self.cache = store.read(hot, self.device)
+            # the rows as the table holds them, read once through the host
+            self.cache = torch.index_select(_host(store.table), 0, hot).to(self.device)
+            if self.scaled:
+                self.cache_scale = torch.index_select(_host(store.scale), 0, hot).to(self.device)
             self.slot = torch.full((self.num_rows,), -1, dtype=torch.int32, device=self.device)
             self.slot[hot.to(self.device)] = torch.arange(self.cache_rows, dtype=torch.int32, device=self.device)
             if self.device.type == "cuda":
@@ -255,6 +318,10 @@ class CachedFeatureStore(FeatureStore):
     @property
     def table(self):
         return self.store.table
+
+    @property
+    def row_bytes(self) -> int:
+        return self.store.row_bytes
 
     def read(self, idx, device):
         if self.cache is None or device != self.device:
@@ -269,7 +336,9 @@ class CachedFeatureStore(FeatureStore):
         self.lookups += idx.numel()
         if n_hit:
             hit_pos = torch.nonzero(hit).squeeze(1)
-            out[hit_pos] = self.cache[slot[hit_pos].long()]
+            at = slot[hit_pos].long()
+            out[hit_pos] = dequantize(self.cache[at], None if self.cache_scale is None else self.cache_scale[at],
+                                      self.dtype)
         if miss.numel():
             out[miss] = self.store.read(idx[miss], device)
         return out
@@ -285,11 +354,13 @@ class CachedFeatureStore(FeatureStore):
         return f"CachedFeatureStore({self.store!r}, cache_rows={self.cache_rows})"
 
 
-def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, cache_bytes: int = 0,
+def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, scale=None, cache_bytes: int = 0,
                        degree=None, pin_inplace: bool = False, max_sms: int | None = None,
                        cpu_threads: int = 0) -> FeatureStore:
     """A store of ``kind`` (one of :data:`KINDS`) over ``x``, serving ``device``
     (``pin_inplace``: the unified store maps ``x``'s own pages instead of copying them).
+    ``scale``: ``x`` is a float8_e4m3fn table and these its float32 row scales
+    (``torch_direct.quantize_rows_fp8``); rows are returned as ``dtype`` (default float32).
     ``cache_bytes`` > 0 wraps it in a :class:`CachedFeatureStore` ranked by ``degree``
     (not for ``gpu_resident``, whose whole table is already in device memory)."""
     if kind not in KINDS:
@@ -299,14 +370,16 @@ def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, cache_
     no_cache = isinstance(cache_bytes, int) and not isinstance(cache_bytes, bool) and cache_bytes == 0
     if not no_cache:   # checked before the store copies the table (gigabytes, maybe)
         _check_cache_args(cache_bytes, degree, x.shape[0] if isinstance(x, torch.Tensor) else None, "")
+    check_scale(x, scale, dtype, "make_feature_store")
     if kind == "unified":
-        store = UnifiedFeatureStore(x, device, dtype, pin_inplace=pin_inplace, max_sms=max_sms,
+        store = UnifiedFeatureStore(x, device, dtype, scale=scale, pin_inplace=pin_inplace, max_sms=max_sms,
                                     cpu_threads=cpu_threads)
     else:
         for name, value in (("max_sms", max_sms), ("cpu_threads", cpu_threads)):
             if value:
                 raise ValueError(f"{name} applies to the 'unified' store only, not {kind!r}")
-        store = (CPUCentricFeatureStore if kind == "cpu_centric" else GPUResidentFeatureStore)(x, device, dtype)
+        store = (CPUCentricFeatureStore if kind == "cpu_centric" else GPUResidentFeatureStore)(
+            x, device, dtype, scale=scale)
     return CachedFeatureStore(store, cache_bytes, degree) if cache_bytes else store
 
 

@@ -44,6 +44,9 @@ def nonneg_int(text: str) -> int:
     return v
 
 
+FEATURE_DTYPES = ("stored", "fp32", "fp16", "bf16", "fp8")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``python -m torch_direct train``."""
     from .features import KINDS
@@ -92,6 +95,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "matmuls on TF32 tensor cores (CUDA only); bf16 = autocast to bfloat16 in training and "
                         "inference, weights and optimizer in float32. Features are gathered as float32 "
                         "either way (default: %(default)s)")
+    p.add_argument("--feature-dtype", choices=FEATURE_DTYPES, default="stored",
+                   help="how the feature table is held: stored = as the data set stores it; fp32, fp16, bf16 = "
+                        "converted once at load; fp8 = float8 e4m3 with a float32 scale per row "
+                        "(torch_direct.quantize_rows_fp8: half of fp16's bytes, so twice the rows fit in "
+                        "--cache-mb), upcast and scaled in the gather kernel. Rows reach the model as "
+                        "float32 either way (default: %(default)s)")
     p.add_argument("--device", default=None,
                    help="cuda[:k] or cpu (default: cuda when a usable GPU is present, else cpu)")
     p.add_argument("--sampler", choices=("auto", "cpu", "gpu"), default="auto",
@@ -183,10 +192,15 @@ def check_options(args, device) -> None:
                             else "PyG's loader reads its own feature tensor"))
     if args.gather_sms and args.pipeline != "unified":
         raise ValueError("--gather-sms applies to --pipeline unified only (its zero-copy gather kernel)")
+    if args.gather_cpu_threads and getattr(args, "feature_dtype", "stored") == "fp8":
+        raise ValueError("--gather-cpu-threads does not apply to --feature-dtype fp8 (the hybrid gather copies "
+                         "rows as stored; the float8 rows are scaled in the GPU kernel)")
     if args.gather_cpu_threads and args.pipeline != "unified":
         raise ValueError("--gather-cpu-threads applies to --pipeline unified only (its hybrid gather)")
     if args.pipeline == "pyg":
-        for option, set_, what in (("--sampler", args.sampler != "auto", "PyG samples in its loader"),
+        for option, set_, what in (("--feature-dtype", getattr(args, "feature_dtype", "stored") != "stored",
+                                    "PyG's loader reads the data set's own tensor"),
+("--sampler", args.sampler != "auto", "PyG samples in its loader"),
                                    ("--graph gpu", args.graph == "gpu", "PyG samples on the CPU"),
                                    ("--merge-gathers", args.merge_gathers != 1, "PyG's loader gathers per batch"),
                                    ("--sample-ahead", args.sample_ahead, "PyG's workers sample and slice together"),
