@@ -6,7 +6,8 @@
 #     with the progress of each stage);
 #   - `bench train` with PIPELINES (default unified,gpu_resident,cpu_centric)
 #     for EPOCHS epochs (default 5), GraphSAGE 3 x 256, fanouts 15,10,5, batch
-#     1024, extra options in TRAIN_ARGS ($OUT/train_<preset>[_TAG].json: epoch
+#     1024, each pipeline REPEATS times taking turns (default 1; rows are the
+#     median runs), extra options in TRAIN_ARGS ($OUT/train_<preset>[_TAG].json: epoch
 #     times and test accuracy; TAG names runs with other TRAIN_ARGS apart).
 # papers100M-like: `papers`; `papers-generate` generates it only.
 #   bash experiments/device_presets.sh [arxiv] [products] [papers] [papers-generate]
@@ -34,7 +35,7 @@ for step in "${steps[@]}"; do
   [ "$step" = papers-generate ] || [ "$rc" -ne 0 ] && continue
   run="$preset${TAG:+_$TAG}"
   python3 -m torch_direct.gnn.bench train --dataset "$preset" --pipelines "${PIPELINES:-unified,gpu_resident,cpu_centric}" \
-    --epochs "${EPOCHS:-5}" --no-progress ${TRAIN_ARGS:-} --out "$OUT/train_$run.json" > "$OUT/train_$run.log" 2>&1
+    --epochs "${EPOCHS:-5}" --repeats "${REPEATS:-1}" --no-progress ${TRAIN_ARGS:-} --out "$OUT/train_$run.json" > "$OUT/train_$run.log" 2>&1
   echo "$run: bench train rc=$? (${TRAIN_ARGS:-default options})" | tee -a "$OUT/presets.log"
   tail -25 "$OUT/train_$run.log"
 done

@@ -13,7 +13,11 @@ the headline ratios (``unified_vs_cpu_centric`` = cpu_centric epoch / unified ep
 ``unified_vs_pyg``, ``gpu_resident_vs_unified`` = unified epoch / gpu_resident epoch), and writes
 the JSON record after each pipeline (a killed run keeps what it measured). The epoch time is the
 median over the epochs after the first (the first warms up), or the one epoch when
-``--epochs 1``; the exposed stage times are medians over the same epochs.
+``--epochs 1``; the exposed stage times are medians over the same epochs. ``--repeats N`` trains
+each pipeline N times, the pipelines taking turns (so that a drift of the machine touches each
+alike); a pipeline's row is then its median run (by epoch time; the lower middle one for an
+even N), with every run's epoch time and test accuracy beside it, and the ratios are those of
+the median runs.
 
 Every option of ``python -m torch_direct train`` applies to every pipeline (``--json`` is
 another name for ``--out``; ``--pipeline`` is replaced by ``--pipelines``); ``--cache-mb``
@@ -37,7 +41,7 @@ from pathlib import Path
 
 from .ablation import epoch_seconds
 from .common import check_writable, default_out, machine_record, print_markdown, run_and_report, write_json
-from ..pipeline.options import check_machine, resolve_device
+from ..pipeline.options import check_machine, positive, resolve_device
 
 PIPELINES = ("unified", "cpu_centric", "gpu_resident", "pyg")
 # Headline ratios: name -> (numerator pipeline, denominator pipeline) of epoch seconds.
@@ -68,7 +72,25 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, default=None,
                     help="JSON record (default: train_<dataset>.json in the user's cache, "
                          "~/.cache/torch_direct/results)")
+    ap.add_argument("--repeats", type=positive(int), default=1,
+                    help="train each pipeline this many times, the pipelines taking turns; a row is its "
+                         "pipeline's median run by epoch time (default: %(default)s)")
     ap.add_argument("--verbose", action="store_true", help="show each training run's own output")
+
+
+def median_row(runs: list[dict]) -> dict:
+    """One pipeline's row from its runs: the first run that did not finish, else the median run by
+    epoch time (the lower middle one for an even count) with every run's epoch time and test
+    accuracy under ``repeats``."""
+    for r in runs:
+        if r["status"] != "ok":
+            return r
+    if len(runs) == 1:
+        return runs[0]
+    ordered = sorted(runs, key=lambda r: r["epoch_s"])
+    row = dict(ordered[(len(runs) - 1) // 2])
+    row["repeats"] = {"epoch_s": [r["epoch_s"] for r in runs], "test_acc": [r["test_acc"] for r in runs]}
+    return row
 
 
 def parse_pipelines(text: str) -> list[str]:
@@ -185,10 +207,10 @@ def add_ratios(record: dict) -> None:
 
 
 # The project's targets on the H200 (GraphSAGE, 3 layers, hidden 256, fanouts 15,10,5, batch 1024):
-# epoch ratios on products-like, the papers100M-like epoch, and the accuracy checks anywhere.
-SPEED_TARGETS = (("unified_vs_cpu_centric", ">=", 1.6), ("unified_vs_pyg", ">=", 3.0),
-                 ("gpu_resident_vs_unified", "<=", 1.15))
-PAPERS_EPOCH_S = 4.0
+# epoch ratios on products-like, the papers100M-like epochs, and the accuracy checks anywhere.
+SPEED_TARGETS = (("unified_vs_cpu_centric", ">=", 4.0), ("unified_vs_pyg", ">=", 3.0),
+                 ("gpu_resident_vs_unified", "<=", 1.10))
+PAPERS_EPOCH_S = {"unified": 3.0, "gpu_resident": 2.5}
 ACC_POINTS = 0.01   # "within noise" / "within one point": one accuracy point
 
 
@@ -205,10 +227,12 @@ def add_targets(record: dict) -> None:
             targets.append({"name": f"{key} ({dataset}; the target is set on products-like)", "value": v,
                             "want": f"{op} {want}", "met": met})
     ran = [r for r in record["rows"] if r["status"] == "ok"]
-    unified = next((r for r in ran if r["pipeline"] == "unified"), None)
-    if unified is not None and dataset == "papers100M-like":
-        targets.append({"name": "unified epoch seconds (papers100M-like)", "value": unified["epoch_s"],
-                        "want": f"<= {PAPERS_EPOCH_S}", "met": unified["epoch_s"] <= PAPERS_EPOCH_S})
+    if dataset == "papers100M-like":
+        for r in ran:
+            want = PAPERS_EPOCH_S.get(r["pipeline"])
+            if want is not None:
+                targets.append({"name": f"{r['pipeline']} epoch seconds (papers100M-like)", "value": r["epoch_s"],
+                                "want": f"<= {want}", "met": r["epoch_s"] <= want})
     if len(ran) > 1:
         accs = [r["test_acc"] for r in ran]
         spread = max(accs) - min(accs)
@@ -241,16 +265,23 @@ def run_bench(args, path: Path | None = None) -> dict:
               "torch_threads": args.threads or torch.get_num_threads(),
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
               "pipelines": wanted, "rows": [], "ratios": {}}
-    for name in wanted:
-        print(f"{name}: running", file=sys.stderr, flush=True)
-        row = _run_one(name, args, device)
-        record["rows"].append(row)
-        add_ratios(record)
-        add_targets(record)
-        if path is not None:
-            write_json(path, record)
-        msg = f"epoch {row['epoch_s']:.3f} s" if row["status"] == "ok" else f"{row['status']}: {row['reason']}"
-        print(f"{name}: {msg}", file=sys.stderr, flush=True)
+    repeats = getattr(args, "repeats", 1)
+    runs: dict[str, list[dict]] = {}
+    for turn in range(repeats):
+        for name in wanted:
+            if runs.get(name) and runs[name][-1]["status"] != "ok":
+                continue   # skipped or failed: once says it
+            label = f"{name} (run {turn + 1} of {repeats})" if repeats > 1 else name
+            print(f"{label}: running", file=sys.stderr, flush=True)
+            row = _run_one(name, args, device)
+            runs.setdefault(name, []).append(row)
+            record["rows"] = [median_row(runs[n]) for n in wanted if n in runs]
+            add_ratios(record)
+            add_targets(record)
+            if path is not None:
+                write_json(path, record)
+            msg = f"epoch {row['epoch_s']:.3f} s" if row["status"] == "ok" else f"{row['status']}: {row['reason']}"
+            print(f"{label}: {msg}", file=sys.stderr, flush=True)
     return record
 
 
@@ -290,6 +321,11 @@ def print_table(record: dict) -> None:
                     "busy s sample/gather/transfer", "final loss", "test acc", "sampler (CSR on)", "note"], rows)
     print("(vs unified: unified's epoch time / the row's, above 1 = faster than unified; train step: the "
           "epoch's training steps; exposed: what the loop waited for each stage; busy: what each stage took)")
+    for r in record["rows"]:
+        if "repeats" in r:
+            print(f"{r['pipeline']}: {len(r['repeats']['epoch_s'])} runs, epoch s "
+                  + ", ".join(f"{v:.3f}" for v in r["repeats"]["epoch_s"]) + "; test acc "
+                  + ", ".join(f"{v:.4f}" for v in r["repeats"]["test_acc"]) + " (the row is the median run)")
     for k, (num, den) in RATIOS.items():
         v = record["ratios"].get(k)
         if v is not None:
