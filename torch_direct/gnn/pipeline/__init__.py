@@ -11,10 +11,10 @@
 """
 
 from .features import (KINDS, CachedFeatureStore, CPUCentricFeatureStore, FeatureStore, GPUResidentFeatureStore,
-                       UnifiedFeatureStore, make_feature_store, to_pyg)
+                       UnifiedFeatureStore, make_feature_store)
 from .loader import PipelinedLoader
 from .stages import STAGES, Batch
-from .pyg import to_pyg_graph_store
+from .pyg import to_pyg, to_pyg_graph_store
 
 __all__ = ["Batch", "CachedFeatureStore", "CPUCentricFeatureStore", "FeatureStore", "GPUResidentFeatureStore", "KINDS",
            "PipelinedLoader", "STAGES", "UnifiedFeatureStore", "make_feature_store", "to_pyg",
