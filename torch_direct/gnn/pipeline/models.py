@@ -94,14 +94,17 @@ def make_layer(model: str, in_dim: int, out_dim: int, last: bool, use_pyg: bool)
     return PyGLayer(GINConv(mlp, train_eps=True))
 
 
-def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, lr: float, capturable: bool = False) -> torch.optim.Optimizer:
     """Adam over ``model``'s parameters; with every parameter on a CUDA device, the fused
     implementation (one kernel per step for all of them, where the default launches several per
     group: a 3-layer GraphSAGE step on papers100M-like is a few milliseconds, much of it launch
-    overhead). Elsewhere torch's default implementation."""
+    overhead). Elsewhere torch's default implementation. ``capturable``: its state on the
+    device, so that its step can be captured in a CUDA graph (``train --cuda-graph``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
-    return torch.optim.Adam(params, lr=lr, fused=True) if fused else torch.optim.Adam(params, lr=lr)
+    if fused:
+        return torch.optim.Adam(params, lr=lr, fused=True, capturable=capturable)
+    return torch.optim.Adam(params, lr=lr)
 
 
 def known_precision(precision: str) -> str:

@@ -35,10 +35,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..progress import progress
 from .evaluation import correct_count, evaluate, full_test_accuracy, test_ids
+from .graphed import GraphedStep, eager_step
 from .models import GNN, make_optimizer, model_precision, use_pyg_for
 from .options import add_arguments, check_options, check_paths, resolve_device  # noqa: F401  (add_arguments: the command.s options)
 from .timing import StepProfiler, Timer, split_by_busy, sync
@@ -74,13 +74,15 @@ def load(args, ctx, show: bool):
     return ds, reorder_s
 
 
-def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler=None) -> dict:
-    """One pass over ``loader``'s batches: forward, loss, backward, optimizer step. Returns the
+def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler=None, step=None) -> dict:
+    """One pass over ``loader``'s batches: forward, loss, backward, optimizer step (``step(batch)``
+    when given, returning the loss and the seeds' logits: the CUDA-graphed step). Returns the
     epoch's wall time (CUDA synchronised at both ends), its training steps' time (CUDA events
     around each step; perf_counter on the CPU), the summed loss and the correct and seen
     counts, all as floats."""
     step_model.train()
     steps = Timer(device.type == "cuda")
+    eager = lambda b: eager_step(step_model, opt, b)  # noqa: E731
     correct = seen = 0
     loss_sum = torch.zeros((), device=device)
     sync(device)
@@ -90,13 +92,7 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
             if profiler is not None:
                 profiler.step(i)
             t = steps.start()
-            opt.zero_grad(set_to_none=True)
-            out = step_model(b.x, b.adjs)
-            # the seeds' rows, the first ones (a loader may run every layer on the whole subgraph)
-            out = out[:b.batch_size]
-            loss = F.cross_entropy(out, b.y, ignore_index=-1)
-            loss.backward()
-            opt.step()
+            loss, out = (step or eager)(b)
             loss_sum += loss.detach() * b.batch_size
             # On the device: a host wait here would hold the next step back.
             correct += correct_count(out, b.y)
@@ -159,6 +155,9 @@ def _run(args, ctx, make_batches) -> dict:
     device = ctx.device if ctx is not None else resolve_device(args.device)
     show = not args.no_progress and main
     check_options(args, device)
+    if ctx is not None and getattr(args, "cuda_graph", False):
+        raise ValueError("--cuda-graph runs in one process: DistributedDataParallel's gradient "
+                         "all-reduce is not captured")
     if make_batches is None and args.pipeline == "pyg":
         from . import pyg_baseline
         reason = pyg_baseline.unavailable()
@@ -177,7 +176,8 @@ def _run(args, ctx, make_batches) -> dict:
     if ctx is not None:
         from torch.nn.parallel import DistributedDataParallel
         step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = make_optimizer(model, args.lr)
+    opt = make_optimizer(model, args.lr, capturable=getattr(args, "cuda_graph", False))
+    graphed = GraphedStep(step_model, opt, args.batch_size) if getattr(args, "cuda_graph", False) else None
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
               "world_size": 1 if ctx is None else ctx.world, "dataset": repr(ds), "backend": model.backend,
               **source.info, "reorder": args.reorder, "reorder_s": reorder_s, "precision": args.precision,
@@ -191,7 +191,7 @@ def _run(args, ctx, make_batches) -> dict:
             if ctx is not None:
                 fail_injected(ctx.rank, epoch)
             prof = StepProfiler(args.profile, device) if epoch == 1 and main and args.profile else None
-            ep = train_epoch(step_model, opt, train_loader, device, show, f"epoch {epoch}", prof)
+            ep = train_epoch(step_model, opt, train_loader, device, show, f"epoch {epoch}", prof, graphed)
             if prof is not None:
                 say(f"wrote {prof.finish()} ({prof.steps} profiled steps of epoch 1)", flush=True)
             stats = train_loader.stats()
@@ -215,6 +215,10 @@ def _run(args, ctx, make_batches) -> dict:
             line += f", {record['test_acc_full']:.4f} (full neighbourhoods)"
     if source.store is not None:
         record["feature_store"] = source.store.stats()
+    if graphed is not None:
+        record["cuda_graph"] = graphed.stats()
+        if graphed.note:
+            say(f"train: --cuda-graph: {graphed.note}", file=sys.stderr)
     say(line, flush=True)
     for note in source.finish():   # what the source learnt in the run, and its notes
         say(note, file=sys.stderr)

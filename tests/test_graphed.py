@@ -1,0 +1,187 @@
+"""The CUDA-graphed training step: padding that changes nothing, capacities, and the runs."""
+
+import contextlib
+import io
+import tempfile
+import unittest
+
+import torch
+import torch.nn.functional as F
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_direct  # noqa: F401
+from common import requires_gpu
+from torch_direct.gnn.graph import NeighborSampler, load_dataset
+from torch_direct.gnn.pipeline import PipelinedLoader, make_feature_store
+from torch_direct.gnn.pipeline.graphed import GraphedStep, PaddedBatch, batch_sizes, eager_step
+from torch_direct.gnn.pipeline.models import GNN, have_pyg, make_optimizer
+
+
+class _Tiny(TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.ds = load_dataset("tiny", root=cls.tmp.name, show_progress=False)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def batches(self, n, batch_size=64, device="cpu"):
+        ds = self.ds
+        store = make_feature_store("unified", ds.x, device)
+        labels = ds.y.to(device)
+        with PipelinedLoader(NeighborSampler(ds.graph, [5, 3], seed=0), store, ds.split["train"], batch_size,
+                             labels=labels, device=device, prefetch=0) as loader:
+            out = []
+            for b in loader:
+                out.append(b)
+                if len(out) == n:
+                    break
+        return out
+
+
+class TestPadding(_Tiny):
+    def padded(self, b, src_extra=7, edge_extra=11, seeds_extra=3):
+        """Buffers for ``b`` with room to spare: ``src_extra`` more source rows a block (one is
+        the padding target row the next block's targets need), ``edge_extra`` more edges."""
+        sizes = batch_sizes(b)
+        seeds = b.batch_size + seeds_extra
+        caps, targets = [], seeds
+        for s in reversed(sizes):
+            sources = max(s[0] + src_extra, targets)
+            caps.append((sources, targets, s[2] + edge_extra))
+            targets = sources
+        return PaddedBatch(list(reversed(caps)), seeds, b.x.shape[1], b.x.dtype, b.adjs[0][0].dtype, b.x.device)
+
+    def check_same(self, model_name, use_pyg):
+        # The logits of the batch's seeds, the loss and every gradient are those of the batch alone.
+        b = self.batches(1)[0]
+        torch.manual_seed(0)
+        model = GNN(model_name, self.ds.num_features, 16, self.ds.num_classes, 2, dropout=0.0, use_pyg=use_pyg)
+        out = model(b.x, b.adjs)[:b.batch_size]
+        loss = F.cross_entropy(out, b.y, ignore_index=-1)
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        buf = self.padded(b)
+        self.assertTrue(buf.fits(b))
+        buf.fill(b)
+        out_p = model(buf.x, buf.adjs)[:buf.seeds]
+        loss_p = F.cross_entropy(out_p, buf.y, ignore_index=-1)
+        grads_p = torch.autograd.grad(loss_p, list(model.parameters()))
+        self.assertEqual(out_p[:b.batch_size], out)
+        self.assertEqual(loss_p, loss)
+        for g, gp in zip(grads, grads_p):
+            self.assertEqual(gp, g)
+
+    def test_builtin_sage(self):
+        self.check_same("sage", False)
+
+    @unittest.skipUnless(have_pyg(), "torch_geometric is not installed")
+    def test_pyg_layers(self):
+        for model in ("sage", "gat", "gin"):
+            with self.subTest(model=model):
+                self.check_same(model, True)
+
+    def test_fill_resets_the_padding_and_fits_checks_every_size(self):
+        big, small = sorted(self.batches(2, batch_size=48), key=lambda b: -b.x.shape[0])[:2]
+        buf = self.padded(big)
+        buf.fill(big)
+        buf.fill(small)
+        n, caps = small.x.shape[0], buf.caps
+        self.assertEqual(buf.x[:n], small.x)
+        self.assertEqual(buf.x[n:], torch.zeros_like(buf.x[n:]))
+        for (ei, _, _), e, c in zip(small.adjs, buf.edges, caps):
+            k = ei.shape[1]
+            self.assertEqual(e[:, :k], ei)
+            self.assertTrue(bool((e[0, k:] == 0).all()) and bool((e[1, k:] == c[1] - 1).all()))
+        self.assertEqual(buf.y[:small.batch_size], small.y)
+        self.assertTrue(bool((buf.y[small.batch_size:] == -1).all()))
+        self.assertTrue(self.padded(big, src_extra=1, edge_extra=0, seeds_extra=1).fits(big))   # just room
+        self.assertFalse(self.padded(big, src_extra=1, edge_extra=-1, seeds_extra=1).fits(big))  # an edge short
+        self.assertFalse(self.padded(big, src_extra=0, edge_extra=0, seeds_extra=1).fits(big))   # no padding row
+        self.assertFalse(self.padded(big, seeds_extra=0).fits(big))                               # no padding seed
+
+    def test_mismatched_capacities_are_refused(self):
+        with self.assertRaisesRegex(ValueError, "targets but block 1"):
+            PaddedBatch([(10, 5, 3), (6, 2, 3)], 2, 4, torch.float32, torch.long, "cpu")
+        with self.assertRaisesRegex(ValueError, "labels"):
+            PaddedBatch([(10, 5, 3), (5, 2, 3)], 3, 4, torch.float32, torch.long, "cpu")
+
+
+class TestGraphedStep(_Tiny):
+    def test_capacities(self):
+        step = GraphedStep(None, None, 64, warmup=2, margin=0.1)
+        step.seen = [((400, 120, 900), (120, 60, 300)), ((380, 130, 1000), (130, 64, 320))]
+        caps = step.capacities()
+        self.assertEqual(caps[1][1], 65)                 # the seeds plus a padding row
+        self.assertEqual(caps[0][1], caps[1][0])         # block 0's targets are block 1's sources
+        self.assertGreater(caps[1][0], 130)
+        self.assertEqual(caps[0][0], int(400 * 1.1) + 1)
+        self.assertEqual((caps[0][2], caps[1][2]), (int(1000 * 1.1) + 1, int(320 * 1.1) + 1))
+        for c in caps:
+            self.assertGreaterEqual(c[0], c[1])
+        with self.assertRaisesRegex(ValueError, "warmup"):
+            GraphedStep(None, None, 64, warmup=0)
+        with self.assertRaisesRegex(ValueError, "margin"):
+            GraphedStep(None, None, 64, margin=-1)
+
+    def test_on_the_cpu_every_step_is_eager_and_the_same(self):
+        batches = self.batches(5)
+        runs = []
+        for graphed in (False, True):
+            torch.manual_seed(0)
+            model = GNN("sage", self.ds.num_features, 16, self.ds.num_classes, 2, dropout=0.0, use_pyg=False)
+            opt = make_optimizer(model, 1e-2)
+            step = GraphedStep(model, opt, 64, warmup=2) if graphed else (lambda b: eager_step(model, opt, b))
+            runs.append([float(step(b)[0].detach()) for b in batches])
+            if graphed:
+                self.assertEqual(step.stats()["replays"], 0)
+                self.assertEqual(step.stats()["eager_steps"], 5)
+                self.assertIn("no CUDA graph on the CPU", step.note)
+        self.assertEqual(runs[0], runs[1])
+
+
+class TestOption(_Tiny):
+    def run_train(self, *argv):
+        from torch_direct.__main__ import main
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main(["train", "--root", self.tmp.name, "--no-progress", "--epochs", "1", *argv])
+        return code, err.getvalue()
+
+    def test_refused_where_it_cannot_run(self):
+        code, err = self.run_train("--cuda-graph", "--device", "cpu")
+        self.assertEqual(code, 2)
+        self.assertIn("--cuda-graph needs a CUDA device", err)
+
+    @requires_gpu
+    def test_bf16_refused(self):
+        code, err = self.run_train("--cuda-graph", "--precision", "bf16")
+        self.assertEqual(code, 2)
+        self.assertIn("--cuda-graph does not apply to --precision bf16", err)
+
+    @requires_gpu
+    def test_graphed_training_matches_eager(self):
+        # Dropout off: the graphed run's losses are the eager run's to float rounding, and the
+        # graph is replayed for most batches.
+        from torch_direct.gnn.pipeline import train
+        from argparse import ArgumentParser
+        recs = {}
+        for layers in ("builtin",) + (("pyg",) if have_pyg() else ()):
+            for graphed in (False, True):
+                p = ArgumentParser()
+                train.add_arguments(p)
+                args = p.parse_args(["--root", self.tmp.name, "--no-progress", "--epochs", "3", "--dropout", "0",
+                                     "--layers", layers, "--batch-size", "64", "--device", "cuda"]
+                                    + (["--cuda-graph"] if graphed else []))
+                with contextlib.redirect_stdout(io.StringIO()):
+                    recs[layers, graphed] = train.run(args)
+            g = recs[layers, True]["cuda_graph"]
+            self.assertEqual(g["note"], "", msg=layers)
+            self.assertGreater(g["replays"], g["eager_steps"], msg=layers)
+            for e0, e1 in zip(recs[layers, False]["epochs"], recs[layers, True]["epochs"]):
+                self.assertEqual(e1["loss"], e0["loss"], atol=1e-3, rtol=1e-3, msg=layers)
+
+
+if __name__ == "__main__":
+    run_tests()

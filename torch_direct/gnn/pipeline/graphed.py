@@ -1,0 +1,186 @@
+"""The training step as one CUDA graph (``train --cuda-graph``).
+
+A step over a sampled batch is a few hundred small kernels: each block's gather and scatter,
+its linear layers, the loss, all of their backward, the optimizer. On papers100M-like each of
+them is short, and the host's launches set the step's pace. Captured once as a CUDA graph, the
+step is replayed with one launch per batch.
+
+A graph has fixed shapes, and no two batches have the same: :class:`PaddedBatch` holds static
+buffers of fixed capacities and copies each batch into them, padded so that the logits and
+gradients of the batch's own rows are those of the batch alone:
+
+- feature rows past the batch's nodes are zeros;
+- each block's edges past its own run from source row 0 to the block's last target row, a
+  padding row (every target capacity is one more than any batch it takes);
+- labels past the seeds are -1, which the loss ignores; so a padding row's logits get a
+  gradient of exactly zero, and so does everything that only padding rows read.
+
+:class:`GraphedStep` runs the first ``warmup`` batches eagerly, sets the capacities to the
+largest sizes they had plus ``margin``, warms the step up on a side stream (the model and the
+optimizer are put back as they were after), captures it and replays it from then on. A batch
+larger than a capacity takes the eager step (counted in ``misses``). Where the capture fails
+(an op that waits for the host, say), the run continues eagerly and ``note`` says why.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+
+def batch_sizes(b) -> tuple[tuple[int, int, int], ...]:
+    """``(n_src, n_dst, edges)`` of each block of batch ``b``, in model order."""
+    return tuple((int(size[0]), int(size[1]), int(ei.shape[1])) for ei, _, size in b.adjs)
+
+
+class PaddedBatch:
+    """Static buffers holding one batch at a time, padded to ``caps`` (``(n_src, n_dst, edges)``
+    per block, as :func:`batch_sizes`) and ``seeds`` labels, on ``device``."""
+
+    def __init__(self, caps, seeds: int, num_features: int, x_dtype, index_dtype, device):
+        caps = tuple(tuple(int(v) for v in c) for c in caps)
+        for i in range(len(caps) - 1):
+            if caps[i][1] != caps[i + 1][0]:
+                raise ValueError(f"PaddedBatch: block {i} has {caps[i][1]} targets but block {i + 1} "
+                                 f"{caps[i + 1][0]} sources")
+        if caps[-1][1] != seeds:
+            raise ValueError(f"PaddedBatch: the last block has {caps[-1][1]} targets for {seeds} labels")
+        self.caps, self.seeds = caps, seeds
+        self.x = torch.zeros(caps[0][0], num_features, dtype=x_dtype, device=device)
+        self.edges = [torch.zeros(2, c[2], dtype=index_dtype, device=device) for c in caps]
+        for e, c in zip(self.edges, caps):
+            e[1].fill_(c[1] - 1)
+        self.y = torch.full((seeds,), -1, dtype=torch.long, device=device)
+        self.adjs = [(e, None, (c[0], c[1])) for e, c in zip(self.edges, caps)]
+
+    def fits(self, b) -> bool:
+        """Whether batch ``b`` fits: each size within its capacity, with a padding target row left."""
+        sizes = batch_sizes(b)
+        if len(sizes) != len(self.caps) or b.x.shape[0] != sizes[0][0] or b.x.shape[1] != self.x.shape[1]:
+            return False
+        return all(s[0] <= c[0] and s[1] < c[1] and s[2] <= c[2] for s, c in zip(sizes, self.caps))
+
+    def fill(self, b) -> None:
+        """Copy batch ``b`` (which :meth:`fits`) into the buffers, its padding reset."""
+        n = b.x.shape[0]
+        self.x[:n].copy_(b.x)
+        self.x[n:].zero_()
+        for (ei, _, size), e, c in zip(b.adjs, self.edges, self.caps):
+            k = ei.shape[1]
+            e[:, :k].copy_(ei)
+            e[0, k:].zero_()
+            e[1, k:].fill_(c[1] - 1)
+        self.y[:b.batch_size].copy_(b.y)
+        self.y[b.batch_size:].fill_(-1)
+
+
+def eager_step(model, opt, b):
+    """One training step on batch ``b``: (loss, the seeds' logits)."""
+    opt.zero_grad(set_to_none=True)
+    out = model(b.x, b.adjs)[:b.batch_size]   # the seeds' rows come first
+    loss = F.cross_entropy(out, b.y, ignore_index=-1)
+    loss.backward()
+    opt.step()
+    return loss, out
+
+
+class GraphedStep:
+    """The training step of ``model`` and ``opt`` (built with ``capturable=True``), replayed as a
+    CUDA graph once ``warmup`` batches have set the capacities. Called with a batch, it returns
+    (loss, the seeds' logits), as :func:`eager_step`; the tensors of a replay are overwritten by
+    the next one, so read them on the same stream before it (the training loop does)."""
+
+    def __init__(self, model, opt, batch_size: int, *, warmup: int = 3, margin: float = 0.1):
+        if warmup < 1:
+            raise ValueError(f"GraphedStep: warmup must be >= 1, got {warmup}")
+        if margin < 0:
+            raise ValueError(f"GraphedStep: margin must be >= 0, got {margin}")
+        self.model, self.opt, self.batch_size = model, opt, batch_size
+        self.warmup, self.margin = warmup, margin
+        self.seen: list = []
+        self.buf: PaddedBatch | None = None
+        self.graph = None
+        self.note = ""
+        self.replays = self.misses = self.eager = 0
+        self._loss = self._out = None
+
+    def stats(self) -> dict:
+        return {"replays": self.replays, "eager_steps": self.eager, "misses": self.misses,
+                "capacities": [list(c) for c in self.buf.caps] if self.buf is not None else None,
+                "note": self.note}
+
+    def __call__(self, b):
+        if self.graph is not None:
+            if self.buf.fits(b):
+                self.buf.fill(b)
+                self.graph.replay()
+                self.replays += 1
+                return self._loss, self._out[:b.batch_size]
+            self.misses += 1
+        elif not self.note:
+            self.seen.append(batch_sizes(b))
+        self.eager += 1
+        out = eager_step(self.model, self.opt, b)
+        if self.graph is None and not self.note and len(self.seen) >= self.warmup:
+            self._capture(b)
+        return out
+
+    def capacities(self):
+        """Each block's (sources, targets, edges) capacity: the largest seen plus the margin, with
+        a padding target row; the last block's targets are the seeds (the batch size plus one),
+        a block's targets are the next one's sources, and a block has at least as many sources
+        as targets (its targets are its first sources)."""
+        grow = 1.0 + self.margin
+        n = len(self.seen[0])
+        most = [[max(s[i][k] for s in self.seen) for k in range(3)] for i in range(n)]
+        caps = [None] * n
+        targets = self.batch_size + 1
+        for i in reversed(range(n)):
+            sources = max(int(most[i][0] * grow) + 1, targets)
+            caps[i] = (sources, targets, int(most[i][2] * grow) + 1)
+            targets = sources
+        return caps
+
+    def _capture(self, b) -> None:
+        model, opt = self.model, self.opt
+        if not b.x.is_cuda:
+            self.note = "no CUDA graph on the CPU: every step eager"
+            return
+        buf = PaddedBatch(self.capacities(), self.batch_size + 1, b.x.shape[1], b.x.dtype,
+                          b.adjs[0][0].dtype, b.x.device)
+        buf.fill(b)
+        saved_model = copy.deepcopy(model.state_dict())
+        saved_opt = copy.deepcopy(opt.state_dict())
+        rng = torch.cuda.get_rng_state(b.x.device)
+        try:
+            side = torch.cuda.Stream(b.x.device)
+            side.wait_stream(torch.cuda.current_stream(b.x.device))
+            with torch.cuda.stream(side):
+                for _ in range(3):   # the warm-up a capture needs, on a side stream
+                    self._padded_step(buf)
+            torch.cuda.current_stream(b.x.device).wait_stream(side)
+            # put back what the warm-up changed (in place: the graph reads these tensors)
+            model.load_state_dict(saved_model)
+            opt.load_state_dict(saved_opt)
+            torch.cuda.set_rng_state(rng, b.x.device)
+            graph = torch.cuda.CUDAGraph()
+            opt.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph):
+                self._loss, self._out = self._padded_step(buf, zero_grad=False)
+        except Exception as e:   # an op that cannot be captured: the run goes on eagerly
+            model.load_state_dict(saved_model)
+            opt.load_state_dict(saved_opt)
+            self.note = f"the step could not be captured as a CUDA graph ({type(e).__name__}: {e}); every step eager"
+            return
+        self.buf, self.graph = buf, graph
+
+    def _padded_step(self, buf: PaddedBatch, zero_grad: bool = True):
+        if zero_grad:
+            self.opt.zero_grad(set_to_none=True)
+        out = self.model(buf.x, buf.adjs)[:buf.seeds]
+        loss = F.cross_entropy(out, buf.y, ignore_index=-1)
+        loss.backward()
+        self.opt.step()
+        return loss, out
