@@ -122,8 +122,7 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
         # elsewhere: the float8 rows as they are, then upcast and scaled where they landed
         rows = gather(table, index, order=order, max_sms=max_sms)
         s = gather(scale, index, order=order, max_sms=max_sms)
-        out.copy_((rows.to(torch.float32) * s.unsqueeze(-1).view(*index.shape, *([1] * (table.dim() - 1))))
-                  .to(dtype))
+        out.copy_((rows.to(torch.float32) * s.view(*index.shape, *([1] * (table.dim() - 1)))).to(dtype))
         return out
     if index.device.type == "cpu" and table.device.type == "unified" and rows_contiguous:
         _C._gather_rows_cpu(table, flat, out.view(-1, *table.shape[1:]))

@@ -48,7 +48,8 @@ def feature_table(x: torch.Tensor, feature_dtype: str, where: str, say=print, sh
     if feature_dtype in _CONVERT:
         return x.to(_CONVERT[feature_dtype]), None
     if feature_dtype != "fp8":
-        raise ValueError(f"--feature-dtype: expected one of stored, fp32, fp16, bf16, fp8, got {feature_dtype!r}")
+        from .options import FEATURE_DTYPES
+        raise ValueError(f"--feature-dtype: expected one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
     from ..progress import progress
     from torch_direct import quantize_rows_fp8
     rows = x.shape[0]

@@ -194,14 +194,17 @@ class UnifiedFeatureStore(FeatureStore):
             self.table = torch_direct.pin_inplace(x.contiguous())
         else:
             self.table = x.contiguous().to("unified")
-        # the scales (4 bytes a row) sit in the device's memory, read by the gather kernel
+        # the scales (4 bytes a row) sit in the device's memory, read by the gather kernel; their
+        # host copy serves gathers onto the CPU
+        self.scale_host = None if scale is None else _host(scale)
         self.scale = None if scale is None else (
-            scale.to(self.device) if self.device.type == "cuda" else _host(scale))
+            self.scale_host.to(self.device) if self.device.type == "cuda" else self.scale_host)
 
     def read(self, idx, device):
         idx = idx.to(device, non_blocking=True)
         if self.scale is not None:
-            scale = self.scale if device == self.device else self.scale.to(device)
+            scale = (self.scale if device == self.device
+                     else self.scale_host if device.type == "cpu" else self.scale.to(device))
             return torch_direct.gather(self.table, idx, dtype=self.dtype, scale=scale, max_sms=self.max_sms)
         if self.cpu_threads and device.type == "cuda":
             y = torch_direct.gather(self.table, idx, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
@@ -307,10 +310,11 @@ class CachedFeatureStore(FeatureStore):
         self.hits = self.lookups = 0
         if self.cache_rows:
             hot = torch.topk(degree.cpu().float(), self.cache_rows, sorted=False).indices.sort().values
-            # the rows as the table holds them, read once through the host
-            self.cache = torch.index_select(_host(store.table), 0, hot).to(self.device)
+            # the rows as the table holds them, read once (a unified table by the GPU's gather)
+            at = hot.to(self.device) if store.table.device.type == "unified" else hot
+            self.cache = torch_direct.gather(store.table, at).to(self.device)
             if self.scaled:
-                self.cache_scale = torch.index_select(_host(store.scale), 0, hot).to(self.device)
+                self.cache_scale = store.scale[hot.to(store.scale.device)].to(self.device)
             self.slot = torch.full((self.num_rows,), -1, dtype=torch.int32, device=self.device)
             self.slot[hot.to(self.device)] = torch.arange(self.cache_rows, dtype=torch.int32, device=self.device)
             if self.device.type == "cuda":
