@@ -25,6 +25,8 @@ VEHICLE = torch_direct.vehicle()
 IS_FORK = VEHICLE == "fork"
 # The dispatch key unified kernels are registered under.
 UNIFIED_DISPATCH_KEY = "Unified" if IS_FORK else "PrivateUse1"
+# Its autograd key (autograd through unified operands, csrc/aten/Autograd.cpp).
+AUTOGRAD_KEY = "Autograd" + UNIFIED_DISPATCH_KEY
 
 
 def extension_only(why: str):
@@ -51,3 +53,10 @@ class TinyDatasetCase(TestCase):
     def tearDownClass(cls):
         torch.set_num_threads(cls.threads)
         cls.tmp.cleanup()
+
+
+def fp8_reference(q: torch.Tensor, scale: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``q[idx].float() * scale[idx]`` of a float8 table, indexing its bytes (torch before 2.7
+    indexes no float8 tensor on the CPU)."""
+    rows = q.view(torch.uint8)[idx].view(q.dtype)
+    return rows.float() * scale[idx].unsqueeze(1)

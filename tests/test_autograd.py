@@ -1,13 +1,11 @@
 """Unified tensors under autograd: data sources for training, and leaves."""
 
-import unittest
-
 import torch
 import torch.nn.functional as F
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct  # noqa: F401
-from common import IS_FORK, compute_device, extension_only
+from common import compute_device
 
 
 class TestAutograd(TestCase):
@@ -31,21 +29,6 @@ class TestAutograd(TestCase):
             first = loss.item() if first is None else first
         self.assertLess(loss.item(), first * 0.7)
 
-    @unittest.skipUnless(IS_FORK, "the fork's Unified key has no autograd kernels for unified operands yet "
-                                  "(the extension's test_unified_leaves_* cover them)")
-    def test_requires_grad_on_a_unified_tensor_is_a_clear_error(self):
-        u = torch.randn(10, 4).to("unified").requires_grad_()
-        idx = torch.tensor([1, 3], device=compute_device())
-        for use in (lambda: u[idx], lambda: u * 3, lambda: u.sum(), lambda: u.to(compute_device())):
-            with self.assertRaisesRegex(RuntimeError, "unified tensor that requires grad"):
-                use()
-        with torch.no_grad():  # as data, under no_grad, it works
-            self.assertEqual(u[idx].shape, (2, 4))
-        self.assertEqual(u.detach()[idx].shape, (2, 4))
-        u.requires_grad_(False)
-        self.assertEqual((u * 2).shape, (10, 4))
-
-    @extension_only("autograd kernels for unified operands are registered by the extension")
     def test_unified_leaves_get_the_gradients_of_the_compute_device(self):
         torch.manual_seed(0)
         dev = compute_device()
@@ -76,7 +59,6 @@ class TestAutograd(TestCase):
             self.assertEqual(u.grad.device.type, "unified", msg=name)
             self.assertEqual(u.grad.cpu(), 2 * ref.grad.cpu(), msg=name)
 
-    @extension_only("autograd kernels for unified operands are registered by the extension")
     def test_unified_leaves_in_a_model_train_like_the_compute_device(self):
         dev = compute_device()
         torch.manual_seed(0)
@@ -109,7 +91,6 @@ class TestAutograd(TestCase):
                 self.assertEqual(pu.detach().cpu(), pd.detach().cpu(), msg=opt_cls.__name__)
             self.assertLess(l_u[-1], l_u[0])
 
-    @extension_only("autograd kernels for unified operands are registered by the extension")
     def test_graphsage_with_unified_parameters_trains_like_the_compute_device(self):
         import tempfile
         from torch_direct.gnn.graph import NeighborSampler
@@ -146,7 +127,6 @@ class TestAutograd(TestCase):
         for pu, pd in zip(m_u.parameters(), m_d.parameters()):
             self.assertEqual(pu.detach().cpu(), pd.detach().cpu())
 
-    @extension_only("autograd kernels for unified operands are registered by the extension")
     def test_recording_history_into_a_unified_tensor_is_a_clear_error(self):
         dev = compute_device()
         u = torch.zeros(3, 4).to("unified")
@@ -165,7 +145,6 @@ class TestAutograd(TestCase):
             u.add_(w)
         self.assertEqual(u.cpu(), w.detach().cpu())
 
-    @extension_only("sparse COO unified tensors are the extension's (SparsePrivateUse1 kernels)")
     def test_sparse_embedding_in_unified_memory_trains_in_place(self):
         dev = compute_device()
         rows, dim = 1000, 8
@@ -217,7 +196,6 @@ class TestAutograd(TestCase):
             extra = torch_direct.memory_stats()["allocated_bytes.peak"] - base
             self.assertLess(extra, state + table_bytes // 2, msg=name)
 
-    @extension_only("sparse COO unified tensors are the extension's (SparsePrivateUse1 kernels)")
     def test_sparse_unified_tensors_compute_and_check_their_indices(self):
         dev = compute_device()
         i = torch.tensor([[0, 2, 2], [1, 0, 1]])
@@ -253,7 +231,6 @@ class TestAutograd(TestCase):
                 small.add_(bad)
             self.assertEqual(small.cpu(), torch.zeros(3))
 
-    @extension_only("autograd kernels for unified operands are registered by the extension")
     def test_a_leaf_given_new_sizes_by_set_gets_gradients_of_those_sizes(self):
         p = torch.nn.Parameter(torch.ones(16, dtype=torch.double).to("unified"))
         for n in (15, 14):

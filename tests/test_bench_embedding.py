@@ -13,10 +13,7 @@ from torch.testing._internal.common_utils import run_tests
 
 import torch_direct
 from torch_direct.gnn.bench import embedding as be
-from common import TinyDatasetCase, extension_only
-
-NEEDS_UNIFIED_AUTOGRAD = ("the unified variant trains a unified table, which needs autograd through unified "
-                          "tensors (the extension's AutogradPrivateUse1 kernels; the fork refuses it clearly)")
+from common import TinyDatasetCase
 
 FAST = ["--dataset", "tiny", "--layers", "builtin", "--hidden", "32", "--dim", "16", "--batch-size", "256",
         "--fanouts", "5,3", "--epochs", "2", "--max-batches", "3", "--eval-nodes", "300", "--threads", "1",
@@ -40,7 +37,6 @@ def parse(*argv):
     return p.parse_args(list(argv))
 
 
-@extension_only(NEEDS_UNIFIED_AUTOGRAD)
 class TestBenchEmbeddingCPU(TinyDatasetCase):
     """One run of every variant on the CPU, shared by the checks below."""
 
@@ -144,7 +140,6 @@ class TestBenchEmbeddingInput(TinyDatasetCase):
         self.assert_refused(["--max-batches", "0"], "--max-batches", "must be positive")
         self.assert_refused(["--fanouts", "5,x"], "--fanouts")
 
-    @extension_only(NEEDS_UNIFIED_AUTOGRAD)
     def test_a_failing_variant_is_recorded_and_the_others_run(self):
         path = os.path.join(self.tmp.name, "failed.json")
         real = be.make_table

@@ -373,7 +373,8 @@ torch._C._unified = types.SimpleNamespace(**{
     for n in ("_memory_stats", "_empty_cache", "_reset_peak", "_cuda_available",
               "_pin_inplace", "_pinned_owner", "_share", "_from_shared", "_block_kind",
               "_is_mapped", "_map_for_gpu", "_as_cuda_alias", "_as_cpu_alias",
-              "_gather_rows_cpu", "_claimed_structured_ops")})
+              "_gather_rows_cpu", "_claimed_structured_ops", "_claimed_sparse_ops",
+              "_claimed_autograd_ops")})
 real_name = torch._C._get_privateuse1_backend_name
 torch._C._get_privateuse1_backend_name = lambda: "privateuseone"
 import torch_direct

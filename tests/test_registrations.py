@@ -12,7 +12,7 @@ import sys
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import gen_registrations  # noqa: E402
-from common import UNIFIED_DISPATCH_KEY, extension_only  # noqa: E402
+from common import AUTOGRAD_KEY, UNIFIED_DISPATCH_KEY, extension_only  # noqa: E402
 
 
 class TestRegistrations(TestCase):
@@ -37,7 +37,6 @@ class TestRegistrations(TestCase):
         self.assertEqual(torch_direct._C._claimed_structured_ops(), n)
         self.assertTrue(torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor", UNIFIED_DISPATCH_KEY))
 
-    @extension_only("the fork's Unified key has no autograd kernels for unified operands yet")
     def test_ops_with_derivatives_get_unified_autograd_kernels(self):
         n = torch_direct._C._claimed_autograd_ops()
         self.assertGreater(n, 300)
@@ -46,10 +45,18 @@ class TestRegistrations(TestCase):
         for op in ("aten::mm", "aten::index_select", "aten::embedding", "aten::convolution", "aten::add.Tensor",
                    "aten::sum", "aten::clone", "aten::view", "aten::split.Tensor", "aten::lstm.input",
                    "aten::add_.Tensor", "aten::copy_"):
-            self.assertTrue(has(op, "AutogradPrivateUse1"), op)
+            self.assertTrue(has(op, AUTOGRAD_KEY), op)
         # Factories and detach keep PyTorch's own.
         for op in ("aten::_to_copy", "aten::empty.memory_format", "aten::zeros_like", "aten::detach"):
-            self.assertFalse(has(op, "AutogradPrivateUse1"), op)
+            self.assertFalse(has(op, AUTOGRAD_KEY), op)
+
+    def test_sparse_ops_route_to_fallback(self):
+        n = torch_direct._C._claimed_sparse_ops()
+        self.assertGreater(n, 10)
+        self.assertEqual(torch_direct._C._claimed_sparse_ops(), n)
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        for op in ("aten::_sparse_coo_tensor_with_dims_and_tensors", "aten::_values", "aten::unsqueeze"):
+            self.assertTrue(has(op, "Sparse" + UNIFIED_DISPATCH_KEY), op)
 
     def test_generator_output_and_errors(self):
         with tempfile.TemporaryDirectory() as d:

@@ -65,7 +65,7 @@ class _ForkC(types.ModuleType):
                "_pin_inplace", "_pinned_owner", "_share", "_from_shared", "_block_kind",
                "_is_mapped", "_map_for_gpu", "_as_cuda_alias", "_as_cpu_alias",
                "_gather_rows_cpu",
-               "_claimed_structured_ops")
+               "_claimed_structured_ops", "_claimed_sparse_ops", "_claimed_autograd_ops")
     # Bound by the fork only when it is built with CUDA (USE_CUDA; patch 0006).
     _NATIVE_CUDA = ("_gather_rows_cuda", "_gather_rows_scaled_cuda", "_gather_rows_hybrid", "_hybrid_cpu_fraction")
 

@@ -33,6 +33,18 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/_coalesced_native.h>
+#include <ATen/ops/_indices_native.h>
+#include <ATen/ops/_nnz_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
+#include <ATen/ops/_values_native.h>
+#include <ATen/ops/clone_native.h>
+#include <ATen/ops/dense_dim_native.h>
+#include <ATen/ops/indices_native.h>
+#include <ATen/ops/is_coalesced_native.h>
+#include <ATen/ops/sparse_dim_native.h>
+#include <ATen/ops/values_native.h>
 #include <c10/util/irange.h>
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -179,4 +191,57 @@ int64_t claim_autograd_ops(c10::DispatchKey autograd_key, c10::DispatchKey backe
   return claimed;
 }
 
+int64_t claim_sparse_ops(c10::DispatchKey sparse_key) {
+  using K = c10::DispatchKey;
+  return claim_once(sparse_key, c10::BoxedKernel::makeFromFunction<&unified_fallback>(),
+                    [](const c10::OperatorHandle& op, const std::string&) {
+                      return op.hasKernelForDispatchKey(K::CompositeExplicitAutograd) &&
+                             (op.hasKernelForDispatchKey(K::SparseCPU) ||
+                              op.hasKernelForDispatchKey(K::SparseCUDA));
+                    });
+}
+
 } // namespace at::native::unified
+
+// The sparse keys of the unified backend: SparseUnified and SparseCsrUnified
+// on the fork, the PrivateUse1 ones on stock PyTorch.
+#ifdef C10_HAS_UNIFIED_DEVICE
+#define UNIFIED_SPARSE_KEY SparseUnified
+#define UNIFIED_SPARSE_CSR_KEY SparseCsrUnified
+#else
+#define UNIFIED_SPARSE_KEY SparsePrivateUse1
+#define UNIFIED_SPARSE_CSR_KEY SparseCsrPrivateUse1
+#endif
+
+// A sparse CPU or CUDA operand beside a unified one (torch.sparse.sampled_addmm
+// of a CSR mask and unified dense matrices) dispatches to the sparse keys of
+// the unified backend; unified tensors themselves are dense, and the fallback
+// aliases only them.
+TORCH_LIBRARY_IMPL(_, UNIFIED_SPARSE_KEY, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&at::native::unified::unified_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, UNIFIED_SPARSE_CSR_KEY, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&at::native::unified::unified_fallback>());
+}
+
+// Sparse COO unified tensors (the sparse gradient of a unified embedding
+// table): building one and reading its parts use PyTorch's own sparse
+// kernels, which touch no data; everything else computes through the
+// fallback's aliases (alias_as).
+TORCH_LIBRARY_IMPL(aten, UNIFIED_SPARSE_KEY, m) {
+  m.impl("_sparse_coo_tensor_with_dims_and_tensors", TORCH_FN(at::native::new_with_dims_and_tensor_sparse_symint));
+  m.impl("_sparse_coo_tensor_with_dims", TORCH_FN(at::native::new_with_dims_sparse));
+  m.impl("_indices", TORCH_FN(at::native::_indices_sparse));
+  m.impl("_values", TORCH_FN(at::native::_values_sparse));
+  m.impl("indices", TORCH_FN(at::native::indices_sparse));
+  m.impl("values", TORCH_FN(at::native::values_sparse));
+  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse));
+  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse));
+  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse));
+  m.impl("_dimI", TORCH_FN(at::native::sparse_dim_sparse));
+  m.impl("_dimV", TORCH_FN(at::native::dense_dim_sparse));
+  m.impl("is_coalesced", TORCH_FN(at::native::is_coalesced_sparse));
+  m.impl("_coalesced_", TORCH_FN(at::native::_coalesced_sparse_));
+  m.impl("clone", TORCH_FN(at::native::clone_sparse));
+}

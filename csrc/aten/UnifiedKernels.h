@@ -95,6 +95,15 @@ TORCH_DIRECT_ATEN_API int64_t claim_structured_ops(c10::DispatchKey key);
 TORCH_DIRECT_ATEN_API int64_t claim_autograd_ops(c10::DispatchKey autograd_key,
                                                  c10::DispatchKey backend_key);
 
+// Routes to the fallback, under `sparse_key` (SparsePrivateUse1 on the
+// extension, SparseUnified on the fork), the ops with a sparse kernel of their
+// own (SparseCPU or SparseCUDA) and a CompositeExplicitAutograd one: the
+// composite would serve a sparse COO unified tensor as if it were strided
+// (unsqueeze's as_strided); the fallback runs the sparse kernel on the compute
+// device's aliases. Call after claim_structured_ops. Returns how many were
+// claimed; later calls return the first call's count.
+TORCH_DIRECT_ATEN_API int64_t claim_sparse_ops(c10::DispatchKey sparse_key);
+
 // Row gather into a CPU tensor with a fused cast (GatherCpu.cpp), on at most
 // max_threads of the intra-op pool's threads (0: as many as it has). Waits for
 // GPU work recorded on the table first unless told not to. Checks every index

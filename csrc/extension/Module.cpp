@@ -15,18 +15,6 @@
 #include "../../c10_allocator/HostRegistration.h"
 #include "../../c10_allocator/UnifiedAllocator.h"
 
-#include <ATen/ops/_coalesced_native.h>
-#include <ATen/ops/_indices_native.h>
-#include <ATen/ops/_nnz_native.h>
-#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
-#include <ATen/ops/_sparse_coo_tensor_with_dims_native.h>
-#include <ATen/ops/_values_native.h>
-#include <ATen/ops/clone_native.h>
-#include <ATen/ops/dense_dim_native.h>
-#include <ATen/ops/indices_native.h>
-#include <ATen/ops/is_coalesced_native.h>
-#include <ATen/ops/sparse_dim_native.h>
-#include <ATen/ops/values_native.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -59,58 +47,14 @@ int64_t claim_autograd_ops() {
                                                  c10::DispatchKey::PrivateUse1);
 }
 
-// Ops with a sparse kernel of their own (SparseCPU or SparseCUDA) and a
-// CompositeExplicitAutograd one: the composite would serve a sparse COO
-// unified tensor as if it were strided (unsqueeze's as_strided). Routed to the
-// fallback, which runs the sparse kernel on the compute device's aliases.
+// Sparse COO unified tensors (Autograd.cpp); after claim_structured_ops.
 int64_t claim_sparse_ops() {
-  using K = c10::DispatchKey;
-  return at::native::unified::claim_once(
-      K::SparsePrivateUse1, c10::BoxedKernel::makeFromFunction<&at::native::unified::unified_fallback>(),
-      [](const c10::OperatorHandle& op, const std::string&) {
-        return op.hasKernelForDispatchKey(K::CompositeExplicitAutograd) &&
-               (op.hasKernelForDispatchKey(K::SparseCPU) || op.hasKernelForDispatchKey(K::SparseCUDA));
-      });
+  return at::native::unified::claim_sparse_ops(c10::DispatchKey::SparsePrivateUse1);
 }
 
 } // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<
-             &at::native::unified::unified_fallback>());
-}
-
-// A sparse CPU or CUDA operand beside a unified one (torch.sparse.sampled_addmm
-// of a CSR mask and unified dense matrices) dispatches to the sparse keys of
-// PrivateUse1; unified tensors themselves are dense, and the fallback aliases
-// only them.
-TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<
-             &at::native::unified::unified_fallback>());
-}
-
-// Sparse COO unified tensors (the sparse gradient of a unified embedding
-// table): building one and reading its parts use PyTorch's own sparse
-// kernels, which touch no data; everything else computes through the
-// fallback's aliases (alias_as).
-TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
-  m.impl("_sparse_coo_tensor_with_dims_and_tensors", TORCH_FN(at::native::new_with_dims_and_tensor_sparse_symint));
-  m.impl("_sparse_coo_tensor_with_dims", TORCH_FN(at::native::new_with_dims_sparse));
-  m.impl("_indices", TORCH_FN(at::native::_indices_sparse));
-  m.impl("_values", TORCH_FN(at::native::_values_sparse));
-  m.impl("indices", TORCH_FN(at::native::indices_sparse));
-  m.impl("values", TORCH_FN(at::native::values_sparse));
-  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse));
-  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse));
-  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse));
-  m.impl("_dimI", TORCH_FN(at::native::sparse_dim_sparse));
-  m.impl("_dimV", TORCH_FN(at::native::dense_dim_sparse));
-  m.impl("is_coalesced", TORCH_FN(at::native::is_coalesced_sparse));
-  m.impl("_coalesced_", TORCH_FN(at::native::_coalesced_sparse_));
-  m.impl("clone", TORCH_FN(at::native::clone_sparse));
-}
-
-TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<
              &at::native::unified::unified_fallback>());
 }
