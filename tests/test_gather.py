@@ -8,7 +8,7 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct
-from common import extension_only, requires_gpu
+from common import extension_only, fp8_reference, requires_gpu
 
 
 class GatherChecks:
@@ -88,7 +88,7 @@ class GatherChecks:
         self.assertEqual((q.dtype, q.device.type, scale.dtype, scale.shape), (torch.float8_e4m3fn, "unified",
                                                                             torch.float32, (300,)))
         i = self.idx([4, 0, 299, 4, -1, 150])
-        want = q.cpu()[i.cpu()].float() * scale.cpu()[i.cpu()].unsqueeze(1)
+        want = fp8_reference(q.cpu(), scale.cpu(), i.cpu())
         y = torch_direct.gather(q, i, scale=scale)
         self.assertEqual((y.dtype, y.device.type), (torch.float32, self.device))
         self.assertEqual(y.cpu(), want, atol=0, rtol=0)
@@ -481,7 +481,7 @@ class TestGatherKernelCUDA(TestCase):
                     idx = torch.randint(-3000, 3000, (n,), generator=g)
                     for order in ("auto", "as_is"):
                         for dtype in (torch.float32, torch.float16, torch.bfloat16):
-                            want = (q[idx].float() * scale[idx].unsqueeze(1)).to(dtype)
+                            want = fp8_reference(q, scale, idx).to(dtype)
                             for table, sc in ((q.to("unified"), scale.to("unified")), (q.cuda(), scale.cuda())):
                                 with self.subTest(kernel=kernel, width=width, n=n, order=order, dtype=dtype,
                                                   table=table.device.type), \

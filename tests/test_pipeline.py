@@ -10,7 +10,7 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct  # noqa: F401
-from common import HAS_GPU, requires_gpu
+from common import HAS_GPU, fp8_reference, requires_gpu
 from torch_direct.gnn.graph import NeighborSampler, load_dataset
 from torch_direct.gnn.pipeline import KINDS, CachedFeatureStore, PipelinedLoader, make_feature_store, to_pyg, to_pyg_graph_store
 
@@ -137,7 +137,7 @@ class TestFeatureStores(TestCase):
         # and a 4-byte scale, so 16 bytes a row.
         q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
         idx = torch.tensor([450, 3, 499, 400, 399, 0, 450])
-        want = q[idx].float() * scale[idx].unsqueeze(1)
+        want = fp8_reference(q, scale, idx)
         for kind in KINDS:
             for dtype in (None, torch.float16):
                 store = make_feature_store(kind, q, "cpu", dtype, scale=scale)
@@ -243,7 +243,7 @@ class TestFeatureStores(TestCase):
         # as the CPU's q * scale.
         q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
         idx = torch.randint(0, 500, (3000,))
-        want = q[idx].float() * scale[idx].unsqueeze(1)
+        want = fp8_reference(q, scale, idx)
         s = torch.cuda.Stream()
         for kind in KINDS:
             kws = [{}] if kind == "gpu_resident" else [{}, {"cache_bytes": 100 * 16, "degree": torch.arange(500)}]

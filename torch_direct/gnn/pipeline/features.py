@@ -46,6 +46,15 @@ FP8 = torch.float8_e4m3fn
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def take_rows(table: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``index_select(table, 0, idx)``; float8 rows move as their bytes (torch before 2.7
+    indexes no float8 tensor on the CPU)."""
+    if table.dtype != FP8:
+        return torch.index_select(table, 0, idx, out=out)
+    raw = None if out is None else out.view(torch.uint8)
+    return torch.index_select(table.view(torch.uint8), 0, idx, out=raw).view(FP8)
+
+
 def dequantize(rows: torch.Tensor, scale_rows: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """Rows of a table as ``dtype``: times their row scales when the table is float8."""
     if scale_rows is None:
@@ -238,7 +247,7 @@ class CPUCentricFeatureStore(FeatureStore):
         idx = idx.cpu()
         pin = device.type == "cuda"
         buf = torch.empty(idx.numel(), self.dim, dtype=self.source_dtype, pin_memory=pin)
-        torch.index_select(self.table, 0, idx, out=buf)        # intra-op CPU threads
+        take_rows(self.table, idx, out=buf)                     # intra-op CPU threads
         sbuf = None
         if self.scale is not None:
             sbuf = torch.empty(idx.numel(), dtype=torch.float32, pin_memory=pin)
@@ -267,7 +276,7 @@ class GPUResidentFeatureStore(FeatureStore):
         if device != self.device:
             raise ValueError(f"GPUResidentFeatureStore: the table is on {self.device}, asked for {device}")
         idx = idx.to(device, non_blocking=True)
-        rows = torch.index_select(self.table, 0, idx)
+        rows = take_rows(self.table, idx)
         return dequantize(rows, None if self.scale is None else torch.index_select(self.scale, 0, idx), self.dtype)
 
 
@@ -342,7 +351,7 @@ class CachedFeatureStore(FeatureStore):
         if n_hit:
             hit_pos = torch.nonzero(hit).squeeze(1)
             at = slot[hit_pos].long()
-            out[hit_pos] = dequantize(self.cache[at], None if self.cache_scale is None else self.cache_scale[at],
+            out[hit_pos] = dequantize(take_rows(self.cache, at), None if self.cache_scale is None else self.cache_scale[at],
                                       self.dtype)
         if miss.numel():
             out[miss] = self.store.read(idx[miss], device)
