@@ -119,9 +119,8 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
             _C._gather_rows_scaled_cuda(table, flat, out.view(-1, *table.shape[1:]), scale.contiguous(),
                                         _ORDERS[order], max_sms or 0)
             return out
-        # elsewhere: the float8 rows as their bytes (torch before 2.7 indexes no float8 tensor
-        # on the CPU), then upcast and scaled where they landed
-        rows = gather(table.view(torch.uint8), index, order=order, max_sms=max_sms).view(table.dtype)
+        # elsewhere: the float8 rows as they are, then upcast and scaled where they landed
+        rows = gather(table, index, order=order, max_sms=max_sms)
         s = gather(scale, index, order=order, max_sms=max_sms)
         out.copy_((rows.to(torch.float32) * s.view(*index.shape, *([1] * (table.dim() - 1)))).to(dtype))
         return out
@@ -141,7 +140,11 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
         if target is not out:
             out.copy_(target)
         return out
-    rows = torch.index_select(table, 0, flat)
+    if table.dtype == torch.float8_e4m3fn:
+        # the rows as their bytes: torch before 2.7 indexes no float8 tensor on the CPU
+        rows = torch.index_select(table.view(torch.uint8), 0, flat).view(table.dtype)
+    else:
+        rows = torch.index_select(table, 0, flat)
     out.copy_(rows.view(shape))
     return out
 
