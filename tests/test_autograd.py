@@ -196,6 +196,29 @@ class TestAutograd(TestCase):
             extra = torch_direct.memory_stats()["allocated_bytes.peak"] - base
             self.assertLess(extra, state + table_bytes // 2, msg=name)
 
+    def test_two_lookups_into_one_sparse_unified_table_sum_their_gradients(self):
+        # Autograd sums the two sparse gradients of the table before its
+        # AccumulateGrad: that sum stays in unified memory.
+        dev = compute_device()
+        torch.manual_seed(0)
+        ref = torch.nn.Embedding(50, 4, sparse=True).to(dev)
+        emb = torch.nn.Embedding(50, 4, sparse=True)
+        emb.load_state_dict(ref.state_dict())
+        emb.to("unified")
+        a, b = torch.tensor([1, 2, 3, 2]), torch.tensor([3, 4, 1])
+        for m in (emb, ref):
+            (m(a.to(dev)).sum(0) * m(b.to(dev)).pow(2).sum(0)).sum().backward()
+        grad = emb.weight.grad
+        self.assertEqual(grad.device.type, "unified")
+        self.assertEqual(grad.layout, torch.sparse_coo)
+        self.assertEqual(grad.to_dense().cpu(), ref.weight.grad.to_dense().cpu())
+        # A dense unified operand summed with a sparse one stays unified too;
+        # beside a CPU or CUDA operand the sum is on the compute device (R1-R3).
+        dense = torch.ones(50, 4).to("unified")
+        self.assertEqual((dense + grad).device.type, "unified")
+        self.assertEqual((dense + grad).cpu(), 1 + ref.weight.grad.to_dense().cpu())
+        self.assertEqual((torch.ones(50, 4, device=dev) + grad).device, dev)
+
     def test_sparse_unified_tensors_compute_and_check_their_indices(self):
         dev = compute_device()
         i = torch.tensor([[0, 2, 2], [1, 0, 1]])

@@ -191,6 +191,35 @@ int64_t claim_autograd_ops(c10::DispatchKey autograd_key, c10::DispatchKey backe
   return claimed;
 }
 
+// add.Tensor with a sparse unified operand. Its result is on the compute
+// device (the fallback) unless every tensor operand is unified: then it is
+// copied into unified memory. That is how autograd's engine sums two
+// gradients of one leaf before accumulating them (`var + old_var` for a
+// sparse one): two lookups into one sparse unified embedding table. A sum on
+// the compute device would reach the leaf's AccumulateGrad on a CUDA device
+// whose stream that node, whose input is unified, does not have.
+void sparse_add(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto num_args = op.schema().arguments().size();
+  std::vector<at::Tensor> operands;
+  for (const auto i : c10::irange(num_args)) {
+    collect_tensors((*stack)[stack->size() - num_args + i], operands);
+  }
+  bool all_unified = !operands.empty();
+  for (const auto& t : operands) {
+    all_unified = all_unified && t.defined() && is_unified(t);
+  }
+  unified_fallback(op, ks, stack);
+  if (!all_unified || !stack->back().isTensor()) {
+    return;
+  }
+  at::Tensor result = stack->back().toTensor();
+  if (is_unified(result)) {
+    return;
+  }
+  stack->back() = result.layout() == at::kSparse ? sparse_to_unified(result)
+                                                 : result.to(c10::unified::unified_device());
+}
+
 int64_t claim_sparse_ops(c10::DispatchKey sparse_key) {
   using K = c10::DispatchKey;
   return claim_once(sparse_key, c10::BoxedKernel::makeFromFunction<&unified_fallback>(),
@@ -244,4 +273,5 @@ TORCH_LIBRARY_IMPL(aten, UNIFIED_SPARSE_KEY, m) {
   m.impl("is_coalesced", TORCH_FN(at::native::is_coalesced_sparse));
   m.impl("_coalesced_", TORCH_FN(at::native::_coalesced_sparse_));
   m.impl("clone", TORCH_FN(at::native::clone_sparse));
+  m.impl("add.Tensor", torch::CppFunction::makeFromBoxedFunction<&at::native::unified::sparse_add>());
 }
