@@ -219,6 +219,37 @@ class TestAutograd(TestCase):
         self.assertEqual((dense + grad).cpu(), 1 + ref.weight.grad.to_dense().cpu())
         self.assertEqual((torch.ones(50, 4, device=dev) + grad).device, dev)
 
+    def test_a_function_returning_kept_unified_gradients_sums_them_in_unified_memory(self):
+        # A Python autograd.Function whose backward returns a unified tensor it
+        # also keeps, used twice on one unified leaf: autograd cannot add into
+        # either gradient in place, so it computes `old + new`, which stays in
+        # unified memory and so becomes the leaf's .grad there. Outside a
+        # backward the same sum is on the compute device (R3).
+        dev = compute_device()
+
+        class FixedGradient(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, g):
+                ctx.save_for_backward(g)
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, grad):
+                (g,) = ctx.saved_tensors
+                return g, None
+
+        torch.manual_seed(0)
+        g1 = torch.randn(6, 3, dtype=torch.float64).to("unified")
+        g2 = torch.randn(6, 3, dtype=torch.float64).to("unified")
+        i = torch.tensor([[0, 4, 5], [1, 1, 2]])
+        s = torch.sparse_coo_tensor(i, torch.randn(3, dtype=torch.float64), (6, 3)).to("unified")
+        for grads in ([g1, g2], [g1, g1], [g1, s, g2], [s, g1]):
+            x = torch.zeros(6, 3, dtype=torch.float64).to("unified").requires_grad_()
+            sum(FixedGradient.apply(x, g) for g in grads).sum().backward()
+            self.assertEqual(x.grad.device.type, "unified")
+            self.assertEqual(x.grad.cpu(), sum(g.cpu().to_dense() for g in grads))
+        self.assertEqual((g1 + g2).device, dev)
+
     def test_sparse_unified_tensors_compute_and_check_their_indices(self):
         dev = compute_device()
         i = torch.tensor([[0, 2, 2], [1, 0, 1]])

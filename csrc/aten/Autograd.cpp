@@ -48,6 +48,7 @@
 #include <c10/util/irange.h>
 
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
 #include <string>
@@ -116,14 +117,21 @@ at::Tensor stand_in(const at::Tensor& t, c10::Device target) {
   return needs_history(t) ? ComputeAlias::apply(t, target) : alias_as(t, target);
 }
 
+// The tensors among the arguments of the boxed call of `op` on `stack`, in order.
+std::vector<at::Tensor> tensor_operands(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto num_args = op.schema().arguments().size();
+  std::vector<at::Tensor> operands;
+  for (const auto i : c10::irange(num_args)) {
+    collect_tensors(stack[stack.size() - num_args + i], operands);
+  }
+  return operands;
+}
+
 void unified_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                       torch::jit::Stack* stack) {
   const auto num_args = op.schema().arguments().size();
   const auto args_begin = stack->size() - num_args;
-  std::vector<at::Tensor> operands;
-  for (const auto i : c10::irange(num_args)) {
-    collect_tensors((*stack)[args_begin + i], operands);
-  }
+  const std::vector<at::Tensor> operands = tensor_operands(op, *stack);
   bool record = false;
   if (at::GradMode::is_enabled()) {
     for (const auto& t : operands) {
@@ -191,25 +199,28 @@ int64_t claim_autograd_ops(c10::DispatchKey autograd_key, c10::DispatchKey backe
   return claimed;
 }
 
-// add.Tensor with a sparse unified operand. Its result is on the compute
-// device (the fallback) unless every tensor operand is unified: then it is
-// copied into unified memory. That is how autograd's engine sums two
-// gradients of one leaf before accumulating them (`var + old_var` for a
-// sparse one): two lookups into one sparse unified embedding table. A sum on
-// the compute device would reach the leaf's AccumulateGrad on a CUDA device
-// whose stream that node, whose input is unified, does not have.
-void sparse_add(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  const auto num_args = op.schema().arguments().size();
-  std::vector<at::Tensor> operands;
-  for (const auto i : c10::irange(num_args)) {
-    collect_tensors((*stack)[stack->size() - num_args + i], operands);
-  }
+// add.Tensor where autograd's engine sums two gradients of one unified leaf
+// before its AccumulateGrad (`old_var + var`): two lookups into one sparse
+// unified embedding table, or a Python autograd.Function whose backward
+// returns a unified tensor it also keeps. By rule R3 the sum would be on the
+// compute device, and the leaf's .grad with it (on a GPU the engine then
+// stops at an internal assert: the leaf's node, whose input is unified, has
+// no stream on that device). So when every tensor operand is unified, the
+// result is copied into unified memory: always for a sparse operand (only
+// gradients are sparse unified tensors), and for dense ones while the engine
+// runs a backward with grad mode off, which is where it sums gradients.
+void unified_sum(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const std::vector<at::Tensor> operands = tensor_operands(op, *stack);
   bool all_unified = !operands.empty();
+  bool sparse = false;
   for (const auto& t : operands) {
     all_unified = all_unified && t.defined() && is_unified(t);
+    sparse = sparse || (t.defined() && t.layout() == at::kSparse);
   }
+  const bool summing_gradients = all_unified &&
+      (sparse || (!at::GradMode::is_enabled() && torch::autograd::get_current_graph_task_id() != -1));
   unified_fallback(op, ks, stack);
-  if (!all_unified || !stack->back().isTensor()) {
+  if (!summing_gradients || !stack->back().isTensor()) {
     return;
   }
   at::Tensor result = stack->back().toTensor();
@@ -235,9 +246,11 @@ int64_t claim_sparse_ops(c10::DispatchKey sparse_key) {
 // The sparse keys of the unified backend: SparseUnified and SparseCsrUnified
 // on the fork, the PrivateUse1 ones on stock PyTorch.
 #ifdef C10_HAS_UNIFIED_DEVICE
+#define UNIFIED_DENSE_KEY Unified
 #define UNIFIED_SPARSE_KEY SparseUnified
 #define UNIFIED_SPARSE_CSR_KEY SparseCsrUnified
 #else
+#define UNIFIED_DENSE_KEY PrivateUse1
 #define UNIFIED_SPARSE_KEY SparsePrivateUse1
 #define UNIFIED_SPARSE_CSR_KEY SparseCsrPrivateUse1
 #endif
@@ -273,5 +286,10 @@ TORCH_LIBRARY_IMPL(aten, UNIFIED_SPARSE_KEY, m) {
   m.impl("is_coalesced", TORCH_FN(at::native::is_coalesced_sparse));
   m.impl("_coalesced_", TORCH_FN(at::native::_coalesced_sparse_));
   m.impl("clone", TORCH_FN(at::native::clone_sparse));
-  m.impl("add.Tensor", torch::CppFunction::makeFromBoxedFunction<&at::native::unified::sparse_add>());
+  m.impl("add.Tensor", torch::CppFunction::makeFromBoxedFunction<&at::native::unified::unified_sum>());
+}
+
+// Dense unified operands: autograd's sum of two unified gradients (unified_sum).
+TORCH_LIBRARY_IMPL(aten, UNIFIED_DENSE_KEY, m) {
+  m.impl("add.Tensor", torch::CppFunction::makeFromBoxedFunction<&at::native::unified::unified_sum>());
 }
