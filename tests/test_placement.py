@@ -84,6 +84,25 @@ class TestPlacementCPU(TestCase):
         self.assertEqual(grow.shape, (5, 5))
         self.assertEqual(grow.cpu(), a.view(5, 1) * b.view(1, 5))
 
+    def test_factories_of_a_unified_tensor_make_unified_tensors(self):
+        # new_* and *_like allocate where their device argument says, by default
+        # their input's device: not on the device that computes from it.
+        _, u = table()
+        made = {
+            "new_empty": u.new_empty(2, 3),
+            "new_zeros": u.new_zeros(2, 3),
+            "new_full": u.new_full((2, 3), 1.5),
+            "new_empty_strided": u.new_empty_strided((2, 3, 4), (2, 4, 6)),
+            "new_empty_strided zero strides": u.new_empty_strided((2, 3), (0, 0)),
+            "empty_like": torch.empty_like(u),
+            "zeros_like": torch.zeros_like(u),
+        }
+        for name, t in made.items():
+            self.assertTrue(t.is_unified, msg=name)
+        self.assertEqual(made["new_empty_strided"].stride(), (2, 4, 6))
+        self.assertEqual(made["new_full"].cpu(), torch.full((2, 3), 1.5))
+        self.assertEqual(u.new_empty_strided((2, 3), (3, 1), device="cpu").device, torch.device("cpu"))
+
     def test_r5_copies(self):
         src, u = table()
         self.assertEqual(u.cpu(), src)

@@ -89,25 +89,6 @@ bool keeps_its_own_autograd(const std::string& name) {
                         "_unpack_dual", "resize_", "resize_as_", "set_"});
 }
 
-bool has_argument_of_kind(const c10::FunctionSchema& schema, c10::TypeKind kind) {
-  for (const auto& a : schema.arguments()) {
-    c10::TypePtr t = a.type();
-    if (const auto opt = t->cast<c10::OptionalType>()) {
-      t = opt->getElementType();
-    }
-    if (const auto list = t->cast<c10::ListType>()) {
-      t = list->getElementType();
-      if (const auto opt = t->cast<c10::OptionalType>()) {
-        t = opt->getElementType();
-      }
-    }
-    if (t->kind() == kind) {
-      return true;
-    }
-  }
-  return false;
-}
-
 bool needs_history(const at::Tensor& t) {
   return t.requires_grad() || t._fw_grad(/*level=*/0).defined();
 }

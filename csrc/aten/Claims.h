@@ -30,6 +30,9 @@ int64_t claim_once(c10::DispatchKey key, const c10::BoxedKernel& kernel,
 // order; `v` itself when it holds none.
 c10::IValue map_unified(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f);
 
+// Whether an argument of `schema` is of `kind`, alone, optional or in a list.
+bool has_argument_of_kind(const c10::FunctionSchema& schema, c10::TypeKind kind);
+
 // Whether an argument or return annotated `a` is written (Tensor(a!), or a
 // list of them: Tensor(a!)[]).
 bool is_write(const c10::AliasInfo* a);

@@ -342,6 +342,25 @@ bool mixed_device_op(const std::string& name) {
 
 } // namespace
 
+bool has_argument_of_kind(const c10::FunctionSchema& schema, c10::TypeKind kind) {
+  for (const auto& a : schema.arguments()) {
+    c10::TypePtr t = a.type();
+    if (const auto opt = t->cast<c10::OptionalType>()) {
+      t = opt->getElementType();
+    }
+    if (const auto list = t->cast<c10::ListType>()) {
+      t = list->getElementType();
+      if (const auto opt = t->cast<c10::OptionalType>()) {
+        t = opt->getElementType();
+      }
+    }
+    if (t->kind() == kind) {
+      return true;
+    }
+  }
+  return false;
+}
+
 int64_t claim_once(c10::DispatchKey key, const c10::BoxedKernel& kernel,
                    const std::function<bool(const c10::OperatorHandle&, const std::string&)>& pick) {
   static std::mutex m;
@@ -380,7 +399,13 @@ int64_t claim_once(c10::DispatchKey key, const c10::BoxedKernel& kernel,
 int64_t claim_structured_ops(c10::DispatchKey key) {
   return claim_once(key, c10::BoxedKernel::makeFromFunction<&unified_fallback>(),
                     [](const c10::OperatorHandle& op, const std::string& name) {
-                      return must_reach_fallback(op) || mixed_device_op(name);
+                      // Not a factory of `self` (new_empty_strided): its result
+                      // goes where its device argument, or self's device, says;
+                      // through the fallback it would follow self's alias instead.
+                      const auto& schema = op.schema();
+                      const bool factory = has_argument_of_kind(schema, c10::TypeKind::DeviceObjType) &&
+                                           !has_out_argument(schema);
+                      return (must_reach_fallback(op) || mixed_device_op(name)) && !factory;
                     });
 }
 

@@ -167,7 +167,10 @@ class GraphedStep:
             torch.cuda.set_rng_state(rng, b.x.device)
             graph = torch.cuda.CUDAGraph()
             opt.zero_grad(set_to_none=True)
-            with torch.cuda.graph(graph):
+            # thread_local: the loader's threads keep using CUDA (their own streams, host
+            # syncs) while this thread captures; in the default global mode any such call
+            # invalidates the capture.
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._loss, self._out = self._padded_step(buf, zero_grad=False)
         except Exception as e:   # an op that cannot be captured: the run goes on eagerly
             model.load_state_dict(saved_model)
