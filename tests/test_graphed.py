@@ -140,6 +140,18 @@ class TestGraphedStep(_Tiny):
                 self.assertIn("no CUDA graph on the CPU", step.note)
         self.assertEqual(runs[0], runs[1])
 
+    def test_no_autograd_graph_outlives_its_step(self):
+        # A graph kept alive by a step's outputs would keep the parameters' AccumulateGrad
+        # nodes, made on the eager step's stream, into a later capture.
+        torch.manual_seed(0)
+        model = GNN("sage", self.ds.num_features, 16, self.ds.num_classes, 2, dropout=0.0, use_pyg=False)
+        opt = make_optimizer(model, 1e-2)
+        step = GraphedStep(model, opt, 64, warmup=2)
+        for b in self.batches(3):
+            for t in (*eager_step(model, opt, b), *step(b)):
+                self.assertIsNone(t.grad_fn)
+                self.assertFalse(t.requires_grad)
+
 
 class TestOption(_Tiny):
     def run_train(self, *argv):

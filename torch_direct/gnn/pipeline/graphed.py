@@ -77,13 +77,17 @@ class PaddedBatch:
 
 
 def eager_step(model, opt, b):
-    """One training step on batch ``b``: (loss, the seeds' logits)."""
+    """One training step on batch ``b``: (loss, the seeds' logits), both detached.
+
+    Detached, so that no autograd graph outlives its step: a graph kept alive keeps the
+    parameters' AccumulateGrad nodes, which remember the stream they were made on, and a later
+    capture whose gradients reach them from its own stream is invalidated."""
     opt.zero_grad(set_to_none=True)
     out = model(b.x, b.adjs)[:b.batch_size]   # the seeds' rows come first
     loss = F.cross_entropy(out, b.y, ignore_index=-1)
     loss.backward()
     opt.step()
-    return loss, out
+    return loss.detach(), out.detach()
 
 
 class GraphedStep:
@@ -175,6 +179,7 @@ class GraphedStep:
         except Exception as e:   # an op that cannot be captured: the run goes on eagerly
             model.load_state_dict(saved_model)
             opt.load_state_dict(saved_opt)
+            _release_generator(b.x.device, rng)
             self.note = f"the step could not be captured as a CUDA graph ({type(e).__name__}: {e}); every step eager"
             return
         self.buf, self.graph = buf, graph
@@ -186,4 +191,17 @@ class GraphedStep:
         loss = F.cross_entropy(out, buf.y, ignore_index=-1)
         loss.backward()
         self.opt.step()
-        return loss, out
+        return loss.detach(), out.detach()
+
+
+def _release_generator(device, rng) -> None:
+    """After a capture that failed, give ``device``'s default CUDA generator a state of its own
+    again (``rng``'s seed and offset): the failed capture never ended its generator's capture,
+    and later eager random ops (dropout) would be refused."""
+    gen = torch.cuda.default_generators[torch.device(device).index or 0]
+    try:
+        fresh = torch.Generator(device=gen.device)
+        fresh.set_state(rng)
+        gen.graphsafe_set_state(fresh.graphsafe_get_state())
+    except (AttributeError, RuntimeError):   # torch without graph-safe generator states
+        torch.cuda.set_rng_state(rng, device)
