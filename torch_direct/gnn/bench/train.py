@@ -145,7 +145,7 @@ def epoch_row(name: str, rec: dict, note: str) -> dict:
            "device": rec["device"], "graph": rec.get("graph"), "note": note}
     if "test_acc_full" in rec:
         row["test_acc_full"] = rec["test_acc_full"]
-    for k in ("feature_store", "block_mode", "num_workers"):
+    for k in ("feature_store", "block_mode", "num_workers", "cuda_graph"):
         if k in rec:
             row[k] = rec[k]
     return row
