@@ -162,6 +162,13 @@ class TestCache(TestCase):
                     load_dataset("tiny", root=d, seed=2, show_progress=False)
                     self.assertEqual(gen.call_count, 1)
             self.assertEqual(sorted(os.listdir(d)), ["tiny-seed2"])  # no temporary left behind
+            # So is one made with other knobs (the preset's labels recalibrated).
+            harder = dataclasses.replace(datasets.PRESETS["tiny"], label_noise=0.5)
+            with mock.patch.dict(datasets.PRESETS, {"tiny": harder}):
+                with mock.patch.object(datasets, "generate", wraps=datasets.generate) as gen:
+                    ds = load_dataset("tiny", root=d, seed=2, show_progress=False)
+                    self.assertEqual(gen.call_count, 1)
+                self.assertEqual(ds.info["label_noise"], 0.5)
 
     def test_env_root(self):
         with tempfile.TemporaryDirectory() as d, mock.patch.dict(os.environ, {"TORCH_DIRECT_DATA": d}):

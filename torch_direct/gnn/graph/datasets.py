@@ -104,7 +104,7 @@ PRESETS: dict[str, Preset] = {
     "products-like": Preset(2_449_029, 123_718_280, 100, 47, torch.float32, (196_615, 39_323, 2_213_091),
                             homophily=0.25, signal=0.45, label_noise=0.2, max_degree=17_481),
     "papers100M-like": Preset(111_059_956, 3_231_371_744, 128, 172, torch.float16,
-                              (1_207_179, 125_265, 214_338), homophily=0.25, signal=0.6, label_noise=0.3,
+                              (1_207_179, 125_265, 214_338), homophily=0.25, signal=0.6, label_noise=0.34,
                               max_degree=50_000),
 }
 
@@ -195,7 +195,10 @@ def load_dataset(name: str, root=None, *, seed: int = 0, regenerate: bool = Fals
     if name in PRESETS:
         path = root / f"{name}-seed{seed}"
         meta = read_meta(path)
-        fresh = (meta is not None and meta.get("info", {}).get("generator_version") == GENERATOR_VERSION)
+        # Fresh: written by this generator for this preset as it now is (its knobs included).
+        want = generation_info(name, PRESETS[name], seed)
+        have = (meta or {}).get("info", {})
+        fresh = meta is not None and all(have.get(k) == v for k, v in want.items())
         if regenerate or not fresh:
             tmp = root / f".{name}-seed{seed}.tmp{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
@@ -208,6 +211,13 @@ def load_dataset(name: str, root=None, *, seed: int = 0, regenerate: bool = Fals
         return load_ogb(name, root, mmap=mmap, show_progress=show_progress)
     raise ValueError(f"unknown data set {name!r}: expected one of {sorted(PRESETS)} or an OGB name "
                      f"such as 'ogbn-arxiv'")
+
+
+def generation_info(name: str, p: Preset, seed: int) -> dict:
+    """What a generated preset's ``info`` records of how it was made: a cached one is reused
+    only while all of it matches."""
+    return {"preset": name, "seed": seed, "generator_version": GENERATOR_VERSION, "homophily": p.homophily,
+            "signal": p.signal, "label_noise": p.label_noise, "max_degree": p.max_degree}
 
 
 def generate(name: str, seed: int = 0, path=None, *, show_progress: bool = True,
@@ -261,9 +271,7 @@ def generate(name: str, seed: int = 0, path=None, *, show_progress: bool = True,
         split[key] = order[at:at + size].sort().values
         at += size
     del order
-    info = {"preset": name, "seed": seed, "generator_version": GENERATOR_VERSION, "homophily": p.homophily,
-            "signal": p.signal, "label_noise": p.label_noise, "max_degree": p.max_degree}
-    ds = NodeDataset(name, graph, x, y, split, c, info)
+    ds = NodeDataset(name, graph, x, y, split, c, generation_info(name, p, seed))
     if path is None:
         return ds
     x_np.flush()
