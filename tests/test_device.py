@@ -104,6 +104,25 @@ class TestDevice(TestCase):
         with self.assertRaisesRegex(RuntimeError, "unified"):
             torch.empty(0, device="unified").set_(torch.ones(3).untyped_storage())
 
+    def test_deterministic_mode_fills_new_memory(self):
+        # As on the CPU and CUDA: with deterministic algorithms and fill_uninitialized_memory,
+        # empty* gives NaN (or the integer maximum), and resize_ fills the elements it adds.
+        from torch.testing._internal.common_utils import DeterministicGuard
+        with DeterministicGuard(True, fill_uninitialized_memory=True):
+            made = {"empty": torch.empty(10, 9, device="unified"),
+                    "empty_like": torch.empty_like(torch.zeros(10, 9).to("unified")),
+                    "empty_strided": torch.empty_strided((10, 9), (1, 5), device="unified"),
+                    "new_empty": torch.zeros(3).to("unified").new_empty(4, 5)}
+            ints = torch.empty(7, dtype=torch.int32, device="unified")
+            u = torch.arange(4.0).to("unified")
+            u.resize_(10)
+        for name, t in made.items():
+            self.assertTrue(t.is_unified, msg=name)
+            self.assertTrue(t.cpu().isnan().all(), msg=name)
+        self.assertTrue(ints.cpu().eq(torch.iinfo(torch.int32).max).all())
+        self.assertEqual(u[:4].cpu(), torch.arange(4.0))
+        self.assertTrue(u[4:].cpu().isnan().all())
+
 
 if __name__ == "__main__":
     run_tests()

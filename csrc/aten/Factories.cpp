@@ -3,7 +3,9 @@
 
 #include "../../c10_allocator/UnifiedAllocator.h"
 
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/native/TensorFactories.h>
 
 namespace at::native {
 namespace {
@@ -20,6 +22,17 @@ void check_factory(std::optional<c10::Device> device, std::optional<c10::Layout>
               "pin_memory=True makes no sense for a unified tensor: its memory is "
               "already pinned and mapped for every GPU");
 }
+
+// As the CPU and CUDA factories: under torch.use_deterministic_algorithms with
+// fill_uninitialized_memory, new memory holds NaN (floating, complex) or the
+// dtype's maximum, not what the allocator's block held before.
+at::Tensor filled_if_deterministic(at::Tensor t) {
+  if (C10_UNLIKELY(at::globalContext().deterministicAlgorithms() &&
+                   at::globalContext().deterministicFillUninitializedMemory())) {
+    at::native::fill_empty_deterministic_(t);
+  }
+  return t;
+}
 } // namespace
 
 at::Tensor empty_unified(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
@@ -28,8 +41,8 @@ at::Tensor empty_unified(c10::IntArrayRef size, std::optional<c10::ScalarType> d
                          std::optional<c10::MemoryFormat> memory_format) {
   check_factory(device, layout, pin_memory);
   const c10::DispatchKeySet ks(c10::unified::kUnifiedDispatchKey);
-  return at::detail::empty_generic(size, c10::unified::get_allocator(), ks,
-                                   c10::dtype_or_default(dtype), memory_format);
+  return filled_if_deterministic(at::detail::empty_generic(size, c10::unified::get_allocator(), ks,
+                                                           c10::dtype_or_default(dtype), memory_format));
 }
 
 at::Tensor empty_strided_unified(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -39,8 +52,8 @@ at::Tensor empty_strided_unified(c10::IntArrayRef size, c10::IntArrayRef stride,
                                  std::optional<bool> pin_memory) {
   check_factory(device, layout, pin_memory);
   const c10::DispatchKeySet ks(c10::unified::kUnifiedDispatchKey);
-  return at::detail::empty_strided_generic(size, stride, c10::unified::get_allocator(), ks,
-                                           c10::dtype_or_default(dtype));
+  return filled_if_deterministic(at::detail::empty_strided_generic(size, stride, c10::unified::get_allocator(),
+                                                                   ks, c10::dtype_or_default(dtype)));
 }
 
 } // namespace at::native

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/NativeFunctions.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
 
 #include <cstring>
 
@@ -58,8 +59,14 @@ const at::Tensor& resize_unified_(const at::Tensor& self, c10::IntArrayRef size,
   const size_t needed =
       at::detail::computeStorageNbytes(size, impl->strides(), self.dtype().itemsize(),
                                        impl->storage_offset());
+  const auto old_nbytes = static_cast<int64_t>(self.storage().nbytes());
   if (needed > self.storage().nbytes() && self.numel() > 0) {
     unified::resize_storage_bytes(self.storage(), needed);
+    // New elements as the CPU and CUDA resize_ leave them in deterministic mode.
+    if (C10_UNLIKELY(at::globalContext().deterministicAlgorithms() &&
+                     at::globalContext().deterministicFillUninitializedMemory())) {
+      at::native::fill_resize_deterministic_(self, old_nbytes);
+    }
   }
   return self;
 }
