@@ -104,6 +104,15 @@ class TestDevice(TestCase):
         with self.assertRaisesRegex(RuntimeError, "unified"):
             torch.empty(0, device="unified").set_(torch.ones(3).untyped_storage())
 
+    def test_is_set_to(self):
+        t1 = torch.zeros(3, 4).to("unified")
+        t2 = torch.tensor([], device="unified").set_(t1)
+        self.assertTrue(t1.is_set_to(t2))
+        self.assertTrue(t2.is_set_to(t1))
+        self.assertFalse(t1.is_set_to(torch.zeros(3, 4).to("unified")))
+        self.assertFalse(t1.is_set_to(t1.view(4, 3)))
+        self.assertFalse(t1.is_set_to(t1[1:]))
+
     def test_deterministic_mode_fills_new_memory(self):
         # As on the CPU and CUDA: with deterministic algorithms and fill_uninitialized_memory,
         # empty* gives NaN (or the integer maximum), and resize_ fills the elements it adds.

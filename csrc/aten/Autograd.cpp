@@ -224,17 +224,6 @@ int64_t claim_sparse_ops(c10::DispatchKey sparse_key) {
 
 } // namespace at::native::unified
 
-// The sparse keys of the unified backend: SparseUnified and SparseCsrUnified
-// on the fork, the PrivateUse1 ones on stock PyTorch.
-#ifdef C10_HAS_UNIFIED_DEVICE
-#define UNIFIED_DENSE_KEY Unified
-#define UNIFIED_SPARSE_KEY SparseUnified
-#define UNIFIED_SPARSE_CSR_KEY SparseCsrUnified
-#else
-#define UNIFIED_DENSE_KEY PrivateUse1
-#define UNIFIED_SPARSE_KEY SparsePrivateUse1
-#define UNIFIED_SPARSE_CSR_KEY SparseCsrPrivateUse1
-#endif
 
 // A sparse CPU or CUDA operand beside a unified one (torch.sparse.sampled_addmm
 // of a CSR mask and unified dense matrices) dispatches to the sparse keys of

@@ -15,3 +15,16 @@
 #else
 #define TORCH_DIRECT_ATEN_CUDA_API TORCH_API
 #endif
+
+// The dispatch keys of the unified backend, for TORCH_LIBRARY_IMPL: its own
+// (Unified, SparseUnified, SparseCsrUnified) on the fork, PrivateUse1's on
+// stock PyTorch.
+#if defined(C10_HAS_UNIFIED_DEVICE)
+#define UNIFIED_DENSE_KEY Unified
+#define UNIFIED_SPARSE_KEY SparseUnified
+#define UNIFIED_SPARSE_CSR_KEY SparseCsrUnified
+#else
+#define UNIFIED_DENSE_KEY PrivateUse1
+#define UNIFIED_SPARSE_KEY SparsePrivateUse1
+#define UNIFIED_SPARSE_CSR_KEY SparseCsrPrivateUse1
+#endif

@@ -11,6 +11,7 @@
 #include <ATen/NativeFunctions.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/ResizeCommon.h>
+#include <torch/library.h>
 
 #include <cstring>
 
@@ -112,3 +113,12 @@ at::Tensor& set_source_tensor_unified_(at::Tensor& self, const at::Tensor& sourc
 }
 
 } // namespace at::native
+
+// is_set_to (the same storage, offset, sizes and strides) is PyTorch's own
+// check, which reads no data; through the fallback it would compare the
+// storages of two fresh aliases. Registered here rather than in
+// native_functions_additions.yaml: the same kernel, without regenerating
+// ATen's operator headers in the fork.
+TORCH_LIBRARY_IMPL(aten, UNIFIED_DENSE_KEY, m) {
+  m.impl("is_set_to", TORCH_FN(at::native::is_set_to));
+}
