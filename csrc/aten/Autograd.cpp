@@ -224,7 +224,6 @@ int64_t claim_sparse_ops(c10::DispatchKey sparse_key) {
 
 } // namespace at::native::unified
 
-
 // A sparse CPU or CUDA operand beside a unified one (torch.sparse.sampled_addmm
 // of a CSR mask and unified dense matrices) dispatches to the sparse keys of
 // the unified backend; unified tensors themselves are dense, and the fallback
