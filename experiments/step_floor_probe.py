@@ -9,8 +9,14 @@ synchronised at both ends, on the same batches and model:
   gather     each sampled batch's feature rows read from GPU memory (index_select)
   step       the training step alone (forward, loss, backward, Adam) over batches sampled and
              gathered beforehand, cycled (--cached of them)
-  together   gpu_resident's pipelined loader feeding the steps, as `train` runs it
+  sample_gather   sampling batch i on one stream while batch i-1's rows are gathered on
+             another, in one thread: what the gather kernels cost the sampler's host waits
+  together   the pipelined loader feeding the steps, as `train` runs it
   together_ahead   the same with --sample-ahead (sampling in a thread and stream of its own)
+
+``--store unified`` reads the rows from the unified (host-memory) table instead, with
+``--cache-mb`` of hot rows in GPU memory, ``--gather-sms`` and ``--gather-cpu-threads`` as
+train's; ``--profile-sample PATH`` writes the sampler's top operators over 20 batches.
 
 and reports milliseconds per batch, with together / (sample + gather + step) (1.0: the loader
 overlaps nothing; (max part) / (sum of parts): perfect overlap). Runs on the CPU too (a check
@@ -76,12 +82,27 @@ def parse(argv=None):
     p.add_argument("--loader-priority", type=_choices("priorities", STREAM_PRIORITIES), default=["normal"],
                    help="comma-separated priorities of the loader's CUDA streams in the together parts, as "
                         "train's --loader-priority (default: normal)")
+    p.add_argument("--store", choices=("gpu_resident", "unified"), default="gpu_resident",
+                   help="where the feature rows are read from (default: %(default)s)")
+    p.add_argument("--cache-mb", type=int, default=0,
+                   help="--store unified: MiB of GPU memory for the hottest rows, as train's (default: %(default)s)")
+    p.add_argument("--gather-sms", type=int, default=0,
+                   help="--store unified: SMs the gather kernel may use, 0 = all (default: %(default)s)")
+    p.add_argument("--gather-cpu-threads", type=int, default=0,
+                   help="--store unified: CPU threads of the hybrid gather, as train's (default: %(default)s)")
+    p.add_argument("--profile-sample", type=Path, default=None,
+                   help="write the sampler's top operators over 20 batches (torch.profiler) to this .txt")
     p.add_argument("--out", type=Path, default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
     for name in ("batches", "cached", "batch_size", "hidden", "warmup"):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    for name in ("cache_mb", "gather_sms", "gather_cpu_threads"):
+        if getattr(a, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
+        if getattr(a, name) and a.store != "unified":
+            p.error(f"--{name.replace('_', '-')} applies to --store unified only")
     return a
 
 
@@ -143,6 +164,24 @@ def measure(precision, layers, priority, ds, device, sampler, store, labels, bat
                     store.gather(sb.n_id, device)
         parts["gather"] = timed(device, gather_all)
 
+        # Sampling batch i (its own stream, its host waits) while batch i-1's rows are gathered on
+        # a second stream: the sampler's waits then queue behind the gather's kernels.
+        other = torch.cuda.Stream(device) if device.type == "cuda" else None
+        on_other = (lambda: torch.cuda.stream(other)) if other is not None else nullcontext  # noqa: E731
+        previous = list(sampled)
+
+        def sample_gather_all():
+            with progress(n_batches, f"{precision} sample+gather", show) as bar:
+                for i, s in enumerate(batches):
+                    if i > 0:
+                        with on_other():
+                            store.gather(previous[i - 1].n_id, device)
+                    with on_side():
+                        sampler.sample(s)
+                    bar.update(1)
+        parts["sample_gather"] = timed(device, sample_gather_all)
+        previous.clear()
+
         cached = []
         for sb in sampled[:a.cached]:
             cached.append((store.gather(sb.n_id, device), sb.adjs, labels[sb.n_id[:sb.batch_size]]))
@@ -168,9 +207,35 @@ def measure(precision, layers, priority, ds, device, sampler, store, labels, bat
             parts[name] = timed(device, pipelined)
     ms = {k: v / n_batches * 1e3 for k, v in parts.items()}
     alone = ms["sample"] + ms["gather"] + ms["step"]
+    info = getattr(store, "stats", None)
     return {"precision": precision, "layers": model.backend, "ms_per_batch": ms,
             "together_over_sum": ms["together"] / alone, "together_ahead_over_sum": ms["together_ahead"] / alone,
-            "max_part_over_sum": max(ms["sample"], ms["gather"], ms["step"]) / alone}
+            "max_part_over_sum": max(ms["sample"], ms["gather"], ms["step"]) / alone,
+            "store_stats": info() if callable(info) else None}
+
+
+def profile_sampler(sampler, batches, device, path: Path) -> None:
+    """The sampler's top operators over ``batches``, the first few (at most five, and never all)
+    warming it up first, to ``path``."""
+    warm = min(5, len(batches) // 2)
+    for s in batches[:warm]:
+        sampler.sample(s)
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=acts) as prof:
+        for s in batches[warm:]:
+            sampler.sample(s)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    wall = time.perf_counter() - t0
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{len(batches) - warm} batches sampled in {wall * 1e3:.1f} ms under the profiler\n"
+                    + prof.key_averages().table(sort_by=key, row_limit=30))
+    print(f"wrote {path}", flush=True)
 
 
 def main(argv=None):
@@ -193,12 +258,20 @@ def main(argv=None):
     else:
         graph = ds.graph
     sampler = GPUNeighborSampler(graph, a.fanouts, seed=0, device=device)
-    store = make_feature_store("gpu_resident", ds.x, device, torch.float32)
+    if a.store == "unified":
+        from torch_direct.gnn.graph import access_frequency
+        store = make_feature_store("unified", ds.x, device, torch.float32, cache_bytes=a.cache_mb << 20,
+                                   degree=access_frequency(ds.graph, a.fanouts[-1]) if a.cache_mb else None,
+                                   max_sms=a.gather_sms or None, cpu_threads=a.gather_cpu_threads)
+    else:
+        store = make_feature_store("gpu_resident", ds.x, device, torch.float32)
+    if a.profile_sample is not None:
+        profile_sampler(sampler, batches[:25], device, a.profile_sample)
     labels = ds.y.to(device)
     record = {"tool": "step_floor_probe", "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
               "device": str(device), "graph_device": str(graph.device), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-              "batches": n_batches, "runs": []}
+              "batches": n_batches, "store": a.store, "runs": []}
     print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
           f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, CSR on {graph.device}, {device}", flush=True)
     for waits, priority, layers, precision in itertools.product(a.sampler_waits, a.loader_priority, a.layers,

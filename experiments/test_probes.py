@@ -24,7 +24,7 @@ class TestStepFloorProbe(TestCase):
             r = probe("--root", d, "--device", "cpu", "--batches", "3", "--cached", "2", "--batch-size", "128",
                       "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "bf16",
                       "--layers", "builtin", "--sampler-waits", "default,fewer", "--loader-priority", "high",
-                      "--out", str(out))
+                      "--store", "unified", "--profile-sample", str(Path(d) / "sample.txt"), "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             rec = json.loads(out.read_text())
             self.assertEqual(rec["batches"], 3)
@@ -33,11 +33,14 @@ class TestStepFloorProbe(TestCase):
                              [("default", "high", "builtin", "bf16"), ("fewer", "high", "builtin", "bf16")])
             for run in rec["runs"]:
                 ms = run["ms_per_batch"]
-                self.assertEqual(set(ms), {"sample", "gather", "step", "together", "together_ahead"})
+                self.assertEqual(set(ms), {"sample", "gather", "sample_gather", "step", "together", "together_ahead"})
+                self.assertEqual(run["store_stats"]["kind"], "unified")
                 self.assertTrue(all(v > 0 for v in ms.values()), ms)
                 parts = [ms[k] for k in ("sample", "gather", "step")]
                 self.assertAlmostEqual(run["max_part_over_sum"], max(parts) / sum(parts))
             self.assertEqual(r.stdout.count("together / (sample + gather + step)"), 2)
+            self.assertIn("batches sampled in", (Path(d) / "sample.txt").read_text())
+            self.assertEqual(rec["store"], "unified")
 
     def test_bad_input(self):
         with tempfile.TemporaryDirectory() as d:
@@ -48,7 +51,9 @@ class TestStepFloorProbe(TestCase):
                               (["--layers", "dgl"], "expected comma-separated layers"),
                               (["--sampler-waits", "none"], "expected comma-separated settings"),
                               (["--loader-priority", "low"], "expected comma-separated priorities"),
-                              (["--device", "cpu", "--batch-size", "100000"], "make no batch of 100000")):
+                              (["--device", "cpu", "--batch-size", "100000"], "make no batch of 100000"),
+                              (["--cache-mb", "64"], "--cache-mb applies to --store unified only"),
+                              (["--store", "unified", "--gather-sms", "-1"], "--gather-sms must be >= 0")):
                 r = probe("--root", d, "--no-progress", *args)
                 self.assertEqual(r.returncode, 2, msg=f"{args}: {r.stderr[-500:]}")
                 self.assertIn(msg, r.stderr)
