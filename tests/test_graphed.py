@@ -90,10 +90,18 @@ class TestPadding(_Tiny):
         n, caps = small.x.shape[0], buf.caps
         self.assertEqual(buf.x[:n], small.x)
         self.assertEqual(buf.x[n:], torch.zeros_like(buf.x[n:]))
-        for (ei, _, _), e, c in zip(small.adjs, buf.edges, caps):
-            k = ei.shape[1]
+        for (ei, _, size), e, c in zip(small.adjs, buf.edges, caps):
+            k, pad = ei.shape[1], c[2] - ei.shape[1]
             self.assertEqual(e[:, :k], ei)
-            self.assertTrue(bool((e[0, k:] == 0).all()) and bool((e[1, k:] == c[1] - 1).all()))
+            self.assertGreater(pad, 0)
+            # padding edges end at padding target rows, spread over them and over the sources,
+            # so that no row takes a run of them (a scatter's atomics would queue on it)
+            targets = e[1, k:]
+            self.assertTrue(bool(((targets >= size[1]) & (targets < c[1])).all()))
+            self.assertEqual(int(targets.max()), c[1] - 1)
+            spare = c[1] - size[1]
+            self.assertLessEqual(int(torch.bincount(targets).max()), -(-pad // spare))
+            self.assertEqual(e[0, k:], torch.arange(k, c[2]) % c[0])
         self.assertEqual(buf.y[:small.batch_size], small.y)
         self.assertTrue(bool((buf.y[small.batch_size:] == -1).all()))
         self.assertTrue(self.padded(big, src_extra=1, edge_extra=0, seeds_extra=1).fits(big))   # just room

@@ -41,7 +41,9 @@ class SAGELayer(nn.Module):
     def forward(self, x, edge_index, size):
         n_dst = size[1]
         src, dst = edge_index[0], edge_index[1]
-        agg = torch.zeros(n_dst, x.size(1), dtype=x.dtype, device=x.device).index_add_(0, dst, x[src])
+        # index_select, not x[src]: its backward adds rows with atomics where advanced indexing's
+        # sorts the indices first
+        agg = torch.zeros(n_dst, x.size(1), dtype=x.dtype, device=x.device).index_add_(0, dst, x.index_select(0, src))
         # Degrees by index_add, not bincount: bincount on a CUDA tensor reads its maximum back to
         # size the output, a host wait in every layer of every step.
         deg = torch.zeros(n_dst, dtype=x.dtype, device=x.device).index_add_(
