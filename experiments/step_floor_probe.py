@@ -79,6 +79,10 @@ def parse(argv=None):
                    help="comma-separated values of the experimental sampler_waits for the GPU sampler: default = "
                         "two host waits per hop and the seeds checked first; fewer = one wait per hop (the same "
                         "batches); each is measured with each layer implementation and precision (default: default)")
+    p.add_argument("--sampler-relabel", type=_choices("settings", ("sort", "hash")), default=["sort"],
+                   help="comma-separated values of the experimental sampler_relabel for the GPU sampler: sort = "
+                        "unique and argsort; hash = a hash table, three passes and a scan (the same batches); "
+                        "each is measured with each of the other settings (default: sort)")
     p.add_argument("--loader-priority", type=_choices("priorities", STREAM_PRIORITIES), default=["normal"],
                    help="comma-separated priorities of the loader's CUDA streams in the together parts, as "
                         "train's --loader-priority (default: normal)")
@@ -274,13 +278,14 @@ def main(argv=None):
               "batches": n_batches, "store": a.store, "runs": []}
     print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
           f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, CSR on {graph.device}, {device}", flush=True)
-    for waits, priority, layers, precision in itertools.product(a.sampler_waits, a.loader_priority, a.layers,
-                                                               a.precision):
-        with torch_direct.experimental(sampler_waits=waits):   # read by the sampler on each call
+    for relabel, waits, priority, layers, precision in itertools.product(a.sampler_relabel, a.sampler_waits,
+                                                                        a.loader_priority, a.layers, a.precision):
+        with torch_direct.experimental(sampler_waits=waits, sampler_relabel=relabel):   # read on each call
             run = measure(precision, layers, priority, ds, device, sampler, store, labels, batches, seeds, a, show)
-        run["sampler_waits"], run["loader_priority"] = waits, priority
+        run["sampler_waits"], run["sampler_relabel"], run["loader_priority"] = waits, relabel, priority
         record["runs"].append(run)
-        print(f" {run['layers']} layers, {precision}, sampler waits {waits}, loader priority {priority}:")
+        print(f" {run['layers']} layers, {precision}, sampler waits {waits}, relabel {relabel}, "
+              f"loader priority {priority}:")
         for k, v in run["ms_per_batch"].items():
             print(f"  {k:15s} {v:8.3f} ms/batch")
         print(f"  together / (sample + gather + step) = {run['together_over_sum']:.2f} (sample ahead: "

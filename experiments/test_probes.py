@@ -24,13 +24,14 @@ class TestStepFloorProbe(TestCase):
             r = probe("--root", d, "--device", "cpu", "--batches", "3", "--cached", "2", "--batch-size", "128",
                       "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "bf16",
                       "--layers", "builtin", "--sampler-waits", "default,fewer", "--loader-priority", "high",
+                      "--sampler-relabel", "hash",
                       "--store", "unified", "--profile-sample", str(Path(d) / "sample.txt"), "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             rec = json.loads(out.read_text())
             self.assertEqual(rec["batches"], 3)
-            self.assertEqual([(run["sampler_waits"], run["loader_priority"], run["layers"], run["precision"])
-                              for run in rec["runs"]],
-                             [("default", "high", "builtin", "bf16"), ("fewer", "high", "builtin", "bf16")])
+            self.assertEqual([(run["sampler_waits"], run["sampler_relabel"], run["loader_priority"], run["layers"],
+                               run["precision"]) for run in rec["runs"]],
+                             [("default", "hash", "high", "builtin", "bf16"), ("fewer", "hash", "high", "builtin", "bf16")])
             for run in rec["runs"]:
                 ms = run["ms_per_batch"]
                 self.assertEqual(set(ms), {"sample", "gather", "sample_gather", "step", "together", "together_ahead"})
@@ -50,6 +51,7 @@ class TestStepFloorProbe(TestCase):
                               (["--precision", "fp32,fp8"], "expected comma-separated precisions"),
                               (["--layers", "dgl"], "expected comma-separated layers"),
                               (["--sampler-waits", "none"], "expected comma-separated settings"),
+                              (["--sampler-relabel", "radix"], "expected comma-separated settings"),
                               (["--loader-priority", "low"], "expected comma-separated priorities"),
                               (["--device", "cpu", "--batch-size", "100000"], "make no batch of 100000"),
                               (["--cache-mb", "64"], "--cache-mb applies to --store unified only"),

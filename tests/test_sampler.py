@@ -328,6 +328,24 @@ class BlockSamplerChecks:
     def graph(self, graph):
         return graph if self.device == "cpu" else graph.to("unified")
 
+    def check_same_batches_as(self, **baseline):
+        """The batches (numbering, edges, slots) under the settings in force equal those under the
+        experimental settings ``baseline``."""
+        for col_dtype in (torch.int64, torch.int32):
+            graph = random_graph(num_nodes=2000, num_edges=40000, col_dtype=col_dtype)
+            seeds = torch.randperm(2000, generator=torch.Generator().manual_seed(0))[:256]
+            for fanouts in ([15, 10, 5], [-1, 3], [0, 4], [3], [200, 2]):   # 200: above the padding limit
+                got = self.sampler(graph, fanouts, seed=3, return_edge_ids=True).sample(seeds).to("cpu")
+                with torch_direct.experimental(**baseline):
+                    base = self.sampler(graph, fanouts, seed=3, return_edge_ids=True).sample(seeds).to("cpu")
+                self.assertEqual(got.n_id, base.n_id, msg=str(fanouts))
+                for a, b in zip(got.hops, base.hops):
+                    self.assertEqual(a.edge_index, b.edge_index, msg=str(fanouts))
+                    self.assertEqual(a.size, b.size)
+                    self.assertEqual(a.e_id, b.e_id)
+                    if a.e_id is not None:
+                        self.assertEqual(a.e_id.numel(), a.edge_index.size(1))
+
     def sampler(self, graph, fanouts, **kw):
         return GPUNeighborSampler(self.graph(graph), fanouts, device=self.device, **kw)
 
@@ -414,35 +432,30 @@ class TestBlockSamplerCpu(BlockSamplerChecks, TestCase):
             GPUNeighborSampler(random_graph(), [2], device="cuda:0")
 
 
-class FewerWaits:
-    """The same checks with the experimental setting sampler_waits=fewer (one wait per hop, seeds
-    checked after the first hop): every promise of the block layout, the distribution and the errors."""
+class WithSettings:
+    """Every test of the class runs under the experimental ``settings``."""
+
+    settings: dict = {}
 
     def setUp(self):
         super().setUp()
-        self._fewer = torch_direct.experimental(sampler_waits="fewer")
-        self._fewer.__enter__()
+        self._settings = torch_direct.experimental(**self.settings)
+        self._settings.__enter__()
 
     def tearDown(self):
-        self._fewer.__exit__(None, None, None)
+        self._settings.__exit__(None, None, None)
         super().tearDown()
+
+
+class FewerWaits(WithSettings):
+    """The same checks with the experimental setting sampler_waits=fewer (one wait per hop, seeds
+    checked after the first hop): every promise of the block layout, the distribution and the errors."""
+
+    settings = {"sampler_waits": "fewer"}
 
     def test_same_batches_as_the_default_waits(self):
         # Only when the host waits changes: the batches (numbering, edges, slots) are the same.
-        for col_dtype in (torch.int64, torch.int32):
-            graph = random_graph(num_nodes=2000, num_edges=40000, col_dtype=col_dtype)
-            seeds = torch.randperm(2000, generator=torch.Generator().manual_seed(0))[:256]
-            for fanouts in ([15, 10, 5], [-1, 3], [0, 4], [3], [200, 2]):   # 200: above the padding limit
-                fewer = self.sampler(graph, fanouts, seed=3, return_edge_ids=True).sample(seeds).to("cpu")
-                with torch_direct.experimental(sampler_waits="default"):
-                    base = self.sampler(graph, fanouts, seed=3, return_edge_ids=True).sample(seeds).to("cpu")
-                self.assertEqual(fewer.n_id, base.n_id, msg=str(fanouts))
-                for a, b in zip(fewer.hops, base.hops):
-                    self.assertEqual(a.edge_index, b.edge_index, msg=str(fanouts))
-                    self.assertEqual(a.size, b.size)
-                    self.assertEqual(a.e_id, b.e_id)
-                    if a.e_id is not None:
-                        self.assertEqual(a.e_id.numel(), a.edge_index.size(1))
+        self.check_same_batches_as(sampler_waits="default")
 
     def test_bad_setting(self):
         with torch_direct.experimental(sampler_waits="some"):
@@ -461,6 +474,57 @@ class TestBlockSamplerCpuFewerWaits(FewerWaits, BlockSamplerChecks, TestCase):
 @requires_gpu
 class TestBlockSamplerGpuFewerWaits(FewerWaits, BlockSamplerChecks, TestCase):
     device = "cuda"
+
+
+class HashRelabel(WithSettings):
+    """The same checks with the experimental setting sampler_relabel=hash (each hop's new nodes
+    numbered through a hash table instead of by sorting): the same batches, every promise kept."""
+
+    settings = {"sampler_relabel": "hash"}
+
+    def test_same_batches_as_sorting(self):
+        self.check_same_batches_as(sampler_relabel="sort")
+
+    def test_relabel_of_many_repeats(self):
+        # Hubs: most sampled sources are a few nodes, read again and again (long probe chains
+        # and many threads on one slot on the GPU); the numbering stays first-occurrence order.
+        n = 3000
+        dst = torch.arange(n).repeat_interleave(8)
+        src = torch.randint(0, 12, (n * 8,), generator=torch.Generator().manual_seed(1)) * 97 % n
+        graph = CSRGraph.from_edge_index(torch.stack([src, dst]), n, dedupe=True)
+        seeds = torch.arange(0, n, 5)
+        hashed = self.sampler(graph, [5, 5], seed=2).sample(seeds).to("cpu")
+        with torch_direct.experimental(sampler_relabel="sort"):
+            base = self.sampler(graph, [5, 5], seed=2).sample(seeds).to("cpu")
+        self.assertEqual(hashed.n_id, base.n_id)
+        for a, b in zip(hashed.hops, base.hops):
+            self.assertEqual(a.edge_index, b.edge_index)
+        self.assertEqual(hashed.n_id[:seeds.numel()], seeds)
+
+    def test_bad_setting(self):
+        with torch_direct.experimental(sampler_relabel="radix"):
+            with self.assertRaisesRegex(RuntimeError, "sampler_relabel must be hash or sort, not 'radix'"):
+                self.sampler(random_graph(), [2]).sample([1, 2])
+
+
+class TestBlockSamplerCpuHashRelabel(HashRelabel, BlockSamplerChecks, TestCase):
+    device = "cpu"
+
+
+class TestBlockSamplerCpuHashRelabelFewerWaits(HashRelabel, BlockSamplerChecks, TestCase):
+    device = "cpu"
+    settings = {"sampler_relabel": "hash", "sampler_waits": "fewer"}
+
+
+@requires_gpu
+class TestBlockSamplerGpuHashRelabel(HashRelabel, BlockSamplerChecks, TestCase):
+    device = "cuda"
+
+
+@requires_gpu
+class TestBlockSamplerGpuHashRelabelFewerWaits(HashRelabel, BlockSamplerChecks, TestCase):
+    device = "cuda"
+    settings = {"sampler_relabel": "hash", "sampler_waits": "fewer"}
 
 
 @requires_gpu

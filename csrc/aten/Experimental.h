@@ -31,6 +31,7 @@ constexpr const char* kSettings[] = {
     "gather_own_pool",      // 1: the CPU gather's own thread pool instead of ATen's
     "cpu_gather_prefetch",  // int >= 0: rows ahead whose cache lines the CPU gather requests
     "sampler_waits",        // default | fewer: the GPU sampler's host waits per hop
+    "sampler_relabel",      // sort | hash: how the GPU sampler numbers a hop's new nodes
 };
 
 [[maybe_unused]] bool known(const std::string& name) {

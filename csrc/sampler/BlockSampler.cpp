@@ -6,6 +6,7 @@
 #include "BlockSampler.h"
 
 #include "DrawNeighbours.h"
+#include "HashRelabel.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -32,6 +33,18 @@ void draw(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& deg
   draw_neighbours_cpu(col, begins, degrees, fanout, offsets, seed, stream, slots, src, dst);
 }
 
+// Whether the experimental setting `name` is `on`: false when unset or `off`, an error for any
+// other value. Read per call, so that one process can time both.
+bool experimental_switch(const char* name, const char* off, const char* on) {
+  const auto v = torch_direct::experimental::get(name);
+  if (!v || *v == off) {
+    return false;
+  }
+  TORCH_CHECK(*v == on, torch_direct::experimental::kVariable, ": ", name, " must be ", on, " or ", off, ", not '",
+              *v, "'");
+  return true;
+}
+
 // TORCH_DIRECT_EXPERIMENTAL=sampler_waits=fewer: each hop waits for its stream once, in `unique`, instead of
 // twice, and the seeds are checked after the first hop instead of before it. The edge count is
 // then read after `unique` has drained the stream (a round trip with nothing queued to wait
@@ -39,16 +52,55 @@ void draw(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& deg
 // holding the first known node (so it adds no node and no edge), and the first hop reads the
 // CSR at clamped seeds (an out-of-range index would be a device-side assert on a GPU). A hop
 // whose fanout is above max(16, 4 x the mean degree) still waits for its edge count first. The
-// batches are the same either way. Read per call, so that one process can time both; unset or
-// "default": the waits as they were.
+// batches are the same either way. Unset or "default": the waits as they were.
 bool fewer_waits() {
-  const auto v = torch_direct::experimental::get("sampler_waits");
-  if (!v || *v == "default") {
-    return false;
+  return experimental_switch("sampler_waits", "default", "fewer");
+}
+
+// TORCH_DIRECT_EXPERIMENTAL=sampler_relabel=hash: each hop relabels through a hash table
+// (HashRelabel.h: three passes and a scan) instead of sorting (unique, argsort); the batches are
+// the same. Unset or "sort": sorting.
+bool relabel_by_hash_table() {
+  return experimental_switch("sampler_relabel", "sort", "hash");
+}
+
+// Passes 1 and 2 of HashRelabel.h on the CPU: `first` and `is_first` per position of `all`.
+void find_first_occurrences_cpu(const at::Tensor& all, at::Tensor& keys, at::Tensor& firsts, at::Tensor& first,
+                                at::Tensor& is_first) {
+  const int64_t* a = all.const_data_ptr<int64_t>();
+  int64_t* k = keys.data_ptr<int64_t>();
+  int64_t* f = firsts.data_ptr<int64_t>();
+  int64_t* out = first.data_ptr<int64_t>();
+  int64_t* flag = is_first.data_ptr<int64_t>();
+  const auto mask = static_cast<uint64_t>(keys.numel() - 1);
+  const auto claim = [](int64_t* slot, int64_t node) {
+    const int64_t was = *slot;
+    if (was == kNoNode) {
+      *slot = node;
+    }
+    return was;
+  };
+  const auto lower = [](int64_t* slot, int64_t pos) { *slot = std::min(*slot, pos); };
+  const int64_t m = all.numel();
+  for (int64_t i = 0; i < m; ++i) {   // one pass after another, as the kernels run
+    out[i] = insert_node(k, f, mask, a[i], i, claim, lower);
   }
-  TORCH_CHECK(*v == "fewer", torch_direct::experimental::kVariable, ": sampler_waits must be fewer or default, not '",
-              *v, "'");
-  return true;
+  for (int64_t i = 0; i < m; ++i) {
+    out[i] = f[out[i]];
+    flag[i] = out[i] == i ? 1 : 0;
+  }
+}
+
+void number_positions_cpu(const at::Tensor& all, const at::Tensor& first, const at::Tensor& scan,
+                          at::Tensor& local, at::Tensor& nodes) {
+  const int64_t* a = all.const_data_ptr<int64_t>();
+  const int64_t* f = first.const_data_ptr<int64_t>();
+  const int64_t* sc = scan.const_data_ptr<int64_t>();
+  int64_t* l = local.data_ptr<int64_t>();
+  int64_t* n = nodes.data_ptr<int64_t>();
+  for (int64_t i = 0; i < all.numel(); ++i) {
+    relabel_position(a, f, sc, i, l, n);
+  }
 }
 
 void throw_if_bad_seeds(int64_t lo, int64_t hi, bool repeated, int64_t num_nodes) {
@@ -81,6 +133,41 @@ void draw_neighbours_cpu(const at::Tensor& col, const at::Tensor& begins, const 
   });
 }
 
+Relabelled relabel_by_hash(const at::Tensor& all) {
+  TORCH_CHECK(all.dim() == 1 && all.scalar_type() == at::kLong && all.is_contiguous(),
+              "relabel_by_hash: expected a contiguous 1-D int64 tensor");
+  const int64_t m = all.numel();
+  const auto opts = all.options();
+  int64_t slots = 16;
+  while (slots < 2 * m) {   // at most half full
+    slots <<= 1;
+  }
+  at::Tensor keys = at::full({slots}, kNoNode, opts);
+  at::Tensor firsts = at::full({slots}, std::numeric_limits<int64_t>::max(), opts);
+  at::Tensor first = at::empty({m}, opts);
+  at::Tensor is_first = at::empty({m}, opts);
+  if (all.is_cuda()) {
+#ifdef TORCH_DIRECT_WITH_CUDA
+    find_first_occurrences_cuda(all, keys, firsts, first, is_first);
+#else
+    TORCH_CHECK(false, "this torch_direct was built without CUDA: the GPU sampler is not available");
+#endif
+  } else {
+    find_first_occurrences_cpu(all, keys, firsts, first, is_first);
+  }
+  const at::Tensor scan = is_first.cumsum(0);
+  const int64_t u = m == 0 ? 0 : scan[-1].item<int64_t>();   // the host's one wait
+  Relabelled out{at::empty({u}, opts), at::empty({m}, opts), first};
+  if (all.is_cuda()) {
+#ifdef TORCH_DIRECT_WITH_CUDA
+    number_positions_cuda(all, first, scan, out.local, out.nodes);
+#endif
+  } else {
+    number_positions_cpu(all, first, scan, out.local, out.nodes);
+  }
+  return out;
+}
+
 SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& seeds,
                            const std::vector<int64_t>& fanouts, uint64_t seed, int64_t stream,
                            bool return_slots) {
@@ -97,6 +184,7 @@ SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, cons
   const int64_t num_nodes = rowptr.numel() - 1;
   at::Tensor nodes = seeds.contiguous();
   const bool fewer = fewer_waits();
+  const bool by_hash = relabel_by_hash_table();
   // With fewer waits the seeds are checked after the first hop's `unique` (see fewer_waits).
   const bool check_later = fewer && !fanouts.empty() && nodes.numel() > 0;
   if (nodes.numel() > 0 && !check_later) {
@@ -143,26 +231,43 @@ SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, cons
     }
     // Relabel: local ids by first occurrence in [known nodes, sampled sources].
     const at::Tensor all = at::cat({nodes, src});
-    auto [unique, inverse, unused] = at::_unique2(all, true, true, false);  // waits for the stream
-    if (bounded && n_dst > 0) {
-      e = ends[-1].item<int64_t>();
-    }
-    const int64_t u = unique.numel();
-    const at::Tensor first =
-        at::full({u}, std::numeric_limits<int64_t>::max(), long_opts)
-            .scatter_reduce_(0, inverse, at::arange(all.numel(), long_opts), "amin", true);
-    if (unchecked) {
-      // Distinct seeds are each their own first occurrence; one copy of three values.
-      const at::Tensor seed_inverse = inverse.slice(0, 0, n_dst);
-      const at::Tensor repeated = first.index_select(0, seed_inverse).ne(at::arange(n_dst, long_opts)).any();
+    // Distinct seeds are each their own first occurrence; one copy of three values.
+    const auto check_seeds = [&](const at::Tensor& seed_first) {
+      const at::Tensor repeated = seed_first.ne(at::arange(n_dst, long_opts)).any();
       const at::Tensor facts = at::stack({nodes.min(), nodes.max(), repeated.to(at::kLong)}).to(c10::kCPU);
       throw_if_bad_seeds(facts[0].item<int64_t>(), facts[1].item<int64_t>(), facts[2].item<int64_t>() != 0,
                          num_nodes);
+    };
+    at::Tensor src_local;
+    int64_t u = 0;
+    if (by_hash) {
+      const Relabelled r = relabel_by_hash(all);  // waits for the stream
+      if (bounded && n_dst > 0) {
+        e = ends[-1].item<int64_t>();
+      }
+      if (unchecked) {
+        check_seeds(r.first.slice(0, 0, n_dst));
+      }
+      src_local = r.local.slice(0, n_dst, n_dst + e);
+      u = r.nodes.numel();
+      nodes = r.nodes;
+    } else {
+      auto [unique, inverse, unused] = at::_unique2(all, true, true, false);  // waits for the stream
+      if (bounded && n_dst > 0) {
+        e = ends[-1].item<int64_t>();
+      }
+      u = unique.numel();
+      const at::Tensor first =
+          at::full({u}, std::numeric_limits<int64_t>::max(), long_opts)
+              .scatter_reduce_(0, inverse, at::arange(all.numel(), long_opts), "amin", true);
+      if (unchecked) {
+        check_seeds(first.index_select(0, inverse.slice(0, 0, n_dst)));
+      }
+      const at::Tensor order = first.argsort();
+      const at::Tensor rank = at::empty({u}, long_opts).index_put_({order}, at::arange(u, long_opts));
+      src_local = rank.index_select(0, inverse.slice(0, n_dst, n_dst + e));
+      nodes = unique.index_select(0, order);
     }
-    const at::Tensor order = first.argsort();
-    const at::Tensor rank = at::empty({u}, long_opts).index_put_({order}, at::arange(u, long_opts));
-    const at::Tensor src_local = rank.index_select(0, inverse.slice(0, n_dst, n_dst + e));
-    nodes = unique.index_select(0, order);
     Hop hop;
     hop.edge_index = at::stack({src_local, dst.slice(0, 0, e)});
     if (return_slots) {

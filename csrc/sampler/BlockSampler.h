@@ -8,7 +8,8 @@
 // for the draw), which is how they are tested without a GPU. The host waits for
 // the stream twice per hop (the edge count, `unique`'s size) and once for the
 // seed check; TORCH_DIRECT_EXPERIMENTAL=sampler_waits=fewer waits once per hop
-// (BlockSampler.cpp).
+// (BlockSampler.cpp), and sampler_relabel=hash relabels through a hash table
+// instead of sorting (HashRelabel.h), with the same numbering.
 
 #include "NeighborSampler.h"
 
@@ -33,6 +34,24 @@ void draw_neighbours_cpu(const at::Tensor& col, const at::Tensor& begins, const 
 void draw_neighbours_cuda(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& degrees,
                           int64_t fanout, const at::Tensor& offsets, uint64_t seed, uint64_t stream,
                           at::Tensor& slots, at::Tensor& src, at::Tensor& dst);
+#endif
+
+// Local ids by first occurrence in `all` (contiguous int64, CPU or CUDA), through a hash table
+// (HashRelabel.h): `nodes` the distinct values in order of first occurrence, `local` each
+// position's local id (the index of its value in `nodes`), `first` each position's first
+// position. The host waits once, for the count of distinct values.
+struct Relabelled {
+  at::Tensor nodes;
+  at::Tensor local;
+  at::Tensor first;
+};
+Relabelled relabel_by_hash(const at::Tensor& all);
+#ifdef TORCH_DIRECT_WITH_CUDA
+// Passes 1-2 and 3 of HashRelabel.h as kernels on the current stream.
+void find_first_occurrences_cuda(const at::Tensor& all, at::Tensor& keys, at::Tensor& firsts, at::Tensor& first,
+                                 at::Tensor& is_first);
+void number_positions_cuda(const at::Tensor& all, const at::Tensor& first, const at::Tensor& scan,
+                           at::Tensor& local, at::Tensor& nodes);
 #endif
 
 // The per-target stream of target i at hop h of a batch's stream.
