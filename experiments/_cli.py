@@ -11,6 +11,14 @@ def write_record(path, record: dict) -> None:
     write_json(Path(path), record)
 
 
+def finish(path, record: dict) -> dict:
+    """The end of a probe: ``record`` written to ``path`` (when given, saying so), and returned."""
+    if path:
+        write_record(path, record)
+        print(f"wrote {path}")
+    return record
+
+
 def run(name: str, main) -> None:
     """``main()``, with ValueError / RuntimeError / FileNotFoundError as ``name: error: ...``, exit 2."""
     try:

@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cli import run, write_record  # noqa: E402
+from _cli import finish, run  # noqa: E402
 
 from torch_direct.gnn.graph import NeighborSampler, access_frequency, load_dataset  # noqa: E402
 from torch_direct.gnn.pipeline.options import fanout_list  # noqa: E402
@@ -67,10 +67,7 @@ def main(argv=None):
         held = {name: float(reads[torch.topk(s, k).indices].sum()) / total for name, s in scores.items()}
         record["held"][str(f)] = held
         print(f"  {f:10.0%}    " + "  ".join(f"{v:9.3f}" for v in held.values()))
-    if a.out:
-        write_record(a.out, record)
-        print(f"wrote {a.out}")
-    return record
+    return finish(a.out, record)
 
 
 if __name__ == "__main__":

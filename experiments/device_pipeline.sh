@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|floor-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -58,6 +58,14 @@
 #   default on tables of 8 GiB and more).
 # - gather-shapes: experiments/gather_shape_probe.py (CuPy read kernels of other shapes against stock
 #   index_select on a sorted index, 32 GB table).
+# - papers-graphed: papers100M-like, CSR on the GPU, the step replayed as a CUDA graph
+#   (--cuda-graph --sample-ahead --layers builtin): gpu_resident, then unified with a cache of
+#   CACHE_MB MiB (default 13500: under half of the 28.4 GB table) and 12 hybrid threads, then the
+#   same unified run with TORCH_DIRECT_EXPERIMENTAL=sampler_relabel=hash.
+# - unified-probe: experiments/step_floor_probe.py on papers100M-like with --store unified (cache
+#   CACHE_MB), built-in layers, fp32, each sampler relabel (sort, hash): the parts of a unified batch.
+# - hugepages: experiments/hugepage_gather_probe.py, 32 GB tables: random 256-byte rows from a
+#   unified table (4 KiB pages) and from one on transparent huge pages.
 # - gather-probes: experiments/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
 #   then `bench gather` on a 32 GB table, 400K random indices, rows of 128-1024 B.
 # Everything is logged under $OUT; each step has its own time limit. A call that runs several
@@ -233,6 +241,25 @@ case "$what" in
     bench papers100M-like_graph-gpu_all-levers_sample-ahead 400 --dataset papers100M-like --epochs 2 \
       --pipelines unified --graph gpu --reorder degree --merge-gathers --cache-mb 8192 --sample-ahead \
       --test-nodes 100000 ;;
+  papers-graphed)  # the graphed step with its padding spread over rows (docs/pipeline.md)
+    papers_data_once
+    common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph --sample-ahead --layers builtin --test-nodes 100000"
+    bench papers100M-like_graphed_gpu-resident 150 $common --pipelines gpu_resident
+    bench papers100M-like_graphed_unified 200 $common --pipelines unified --cache-mb "${CACHE_MB:-13500}" \
+      --gather-cpu-threads 12
+    TORCH_DIRECT_EXPERIMENTAL=sampler_relabel=hash bench papers100M-like_graphed_unified_hash 200 $common \
+      --pipelines unified --cache-mb "${CACHE_MB:-13500}" --gather-cpu-threads 12 ;;
+  unified-probe)  # the parts of a unified batch, with each sampler relabel (docs/pipeline.md)
+    papers_data_once
+    timeout "${PROBE_LIMIT:-300}" python3 experiments/step_floor_probe.py --root "$DATA" --dataset papers100M-like \
+      --graph gpu --store unified --cache-mb "${CACHE_MB:-13500}" --layers builtin --precision fp32 \
+      --batches "${PROBE_BATCHES:-100}" --sampler-relabel sort,hash --no-progress \
+      --profile-sample "$OUT/sample_profile.txt" --out "$OUT/unified_probe_papers100M-like.json" > "$OUT/unified_probe.log" 2>&1
+    echo "unified-probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; grep -v Warn "$OUT/unified_probe.log" | tail -24 ;;
+  hugepages)  # random rows from 4 KiB against 2 MiB pages (docs/gather.md)
+    timeout "${PROBE_LIMIT:-240}" python3 experiments/hugepage_gather_probe.py --table-gb "${TABLE_GB:-32}" \
+      --out "$OUT/hugepage_gather_probe.json" > "$OUT/hugepages.log" 2>&1
+    echo "hugepages: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -6 "$OUT/hugepages.log" ;;
   scaling) scaling ;;
   profile)  # what a training step spends its time on (products-like and papers100M-like, unified)
     for ds in products-like papers100M-like; do
@@ -250,5 +277,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, floor-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, papers-graphed, floor-probe, unified-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, hugepages, pyg-wheels, all)" >&2; exit 2 ;;
 esac

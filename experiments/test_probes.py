@@ -85,5 +85,35 @@ class TestCacheRankProbe(TestCase):
             self.assertIn("each must be in (0, 1]", r.stderr)
 
 
+class TestHugepageGatherProbe(TestCase):
+    def run_probe(self, *args):
+        return subprocess.run([sys.executable, str(REPO / "experiments" / "hugepage_gather_probe.py"), *args],
+                              capture_output=True, text=True, timeout=600, cwd=REPO)
+
+    def test_gathers_from_both_tables(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "h.json"
+            r = self.run_probe("--device", "cpu", "--table-gb", "0.05", "--indices", "5000", "--repeats", "2",
+                               "--out", str(out))
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            rec = json.loads(out.read_text())
+            self.assertEqual(set(rec["tables"]), {"unified", "thp"})
+            for t in rec["tables"].values():
+                self.assertEqual(len(t["all_s"]), 2)
+                self.assertGreater(t["Mrows_per_s"], 0)
+                self.assertTrue(0.0 <= t["huge_page_share"] <= 1.5)   # the counter is system-wide
+            self.assertEqual(rec["tables"]["unified"]["huge_page_kb"], 0)
+            self.assertAlmostEqual(rec["thp_speedup"],
+                                   rec["tables"]["unified"]["median_s"] / rec["tables"]["thp"]["median_s"])
+
+    def test_bad_input(self):
+        for args, msg in ((["--table-gb", "0"], "--table-gb must be positive"),
+                          (["--row-bytes", "6"], "multiple of 4"),
+                          (["--repeats", "0"], "--repeats must be positive")):
+            r = self.run_probe(*args)
+            self.assertEqual(r.returncode, 2, msg=f"{args}: {r.stderr[-500:]}")
+            self.assertIn(msg, r.stderr)
+
+
 if __name__ == "__main__":
     run_tests()
