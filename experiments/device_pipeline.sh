@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -60,8 +60,9 @@
 #   index_select on a sorted index, 32 GB table).
 # - papers-graphed: papers100M-like, CSR on the GPU, the step replayed as a CUDA graph
 #   (--cuda-graph --sample-ahead --layers builtin): gpu_resident, then unified with a cache of
-#   CACHE_MB MiB (default 13500: under half of the 28.4 GB table) and 12 hybrid threads, then the
-#   same unified run with TORCH_DIRECT_EXPERIMENTAL=sampler_relabel=hash.
+#   CACHE_MB MiB (default 13500: under half of the 28.4 GB table) and 12 hybrid threads;
+#   papers-graphed-levers: that unified run under each experimental setting of LEVERS (default:
+#   sampler_relabel=hash, then feature_pages=huge).
 # - unified-probe: experiments/step_floor_probe.py on papers100M-like with --store unified (cache
 #   CACHE_MB), built-in layers, fp32, each sampler relabel (sort, hash): the parts of a unified batch.
 # - hugepages: experiments/hugepage_gather_probe.py, 32 GB tables: random 256-byte rows from a
@@ -246,9 +247,14 @@ case "$what" in
     common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph --sample-ahead --layers builtin --test-nodes 100000"
     bench papers100M-like_graphed_gpu-resident 150 $common --pipelines gpu_resident
     bench papers100M-like_graphed_unified 200 $common --pipelines unified --cache-mb "${CACHE_MB:-13500}" \
-      --gather-cpu-threads 12
-    TORCH_DIRECT_EXPERIMENTAL=sampler_relabel=hash bench papers100M-like_graphed_unified_hash 200 $common \
-      --pipelines unified --cache-mb "${CACHE_MB:-13500}" --gather-cpu-threads 12 ;;
+      --gather-cpu-threads 12 ;;
+  papers-graphed-levers)  # the same unified run with each experimental lever (docs/pipeline.md, docs/gather.md)
+    papers_data_once
+    common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph --sample-ahead --layers builtin --test-nodes 100000"
+    for lever in ${LEVERS:-sampler_relabel=hash feature_pages=huge}; do
+      TORCH_DIRECT_EXPERIMENTAL=$lever bench "papers100M-like_graphed_unified_${lever//=/-}" 200 $common \
+        --pipelines unified --cache-mb "${CACHE_MB:-13500}" --gather-cpu-threads 12
+    done ;;
   unified-probe)  # the parts of a unified batch, with each sampler relabel (docs/pipeline.md)
     papers_data_once
     timeout "${PROBE_LIMIT:-300}" python3 experiments/step_floor_probe.py --root "$DATA" --dataset papers100M-like \
@@ -277,5 +283,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, papers-graphed, floor-probe, unified-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, hugepages, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, papers-graphed, papers-graphed-levers, floor-probe, unified-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, hugepages, pyg-wheels, all)" >&2; exit 2 ;;
 esac

@@ -157,6 +157,25 @@ class TestFeatureStores(TestCase):
         with self.assertRaisesRegex(TypeError, "float32, float16 or bfloat16"):
             make_feature_store("cpu_centric", q, "cpu", torch.int64, scale=scale)
 
+    def test_table_on_huge_pages(self):
+        # The experimental setting feature_pages=huge: the unified store's table is a copy on
+        # anonymous memory advised for huge pages, pinned in place; it outlives every local
+        # reference to the mapping, and gathers the same rows (float8 too).
+        q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
+        for x, sc in ((self.x, None), (self.x.half(), None), (q, scale)):
+            with torch_direct.experimental(feature_pages="huge"):
+                store = make_feature_store("unified", x, "cpu", scale=sc)
+            gc.collect()
+            self.assertEqual(store.table.device.type, "unified")
+            self.assertEqual(store.table.dtype, x.dtype)
+            self.assertNotEqual(store.table.data_ptr(), x.data_ptr())
+            self.assertEqual(store.table.cpu().view(torch.uint8), x.view(torch.uint8))
+            plain = make_feature_store("unified", x, "cpu", scale=sc)
+            self.assertEqual(store.gather(self.idx), plain.gather(self.idx), atol=0, rtol=0)
+        with torch_direct.experimental(feature_pages="giant"):
+            with self.assertRaisesRegex(ValueError, "feature_pages must be small or huge, not 'giant'"):
+                make_feature_store("unified", self.x, "cpu")
+
     @unittest.skipIf(HAS_GPU, "checks the CPU-only message")
     def test_cuda_device_without_gpu(self):
         with self.assertRaisesRegex(RuntimeError, "no usable CUDA GPU"):

@@ -28,6 +28,9 @@ SETTINGS = {
     "sampler_waits": "default | fewer: fewer = one host wait per hop in the GPU sampler instead of two",
     "sampler_relabel": "sort | hash: hash = the GPU sampler numbers each hop's new nodes through a hash table "
                        "instead of sorting them (the same numbering)",
+    "feature_pages": "small | huge: huge = the GNN stack's unified feature store copies its table into anonymous "
+                     "memory advised MADV_HUGEPAGE (transparent huge pages) and pins it in place, instead of "
+                     "unified memory on small pages (not shareable between processes)",
 }
 
 
@@ -46,6 +49,13 @@ def parse(text: str | None) -> dict[str, str]:
             raise ValueError(f"{VARIABLE}: {name} is given twice")
         out[name] = value
     return out
+
+
+def get(name: str) -> str | None:
+    """The value of setting ``name`` in ``TORCH_DIRECT_EXPERIMENTAL`` now (None when unset)."""
+    if name not in SETTINGS:
+        raise ValueError(f"experimental: unknown setting {name!r} (names: {', '.join(SETTINGS)})")
+    return parse(os.environ.get(VARIABLE)).get(name)
 
 
 @contextmanager

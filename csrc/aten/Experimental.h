@@ -32,6 +32,7 @@ constexpr const char* kSettings[] = {
     "cpu_gather_prefetch",  // int >= 0: rows ahead whose cache lines the CPU gather requests
     "sampler_waits",        // default | fewer: the GPU sampler's host waits per hop
     "sampler_relabel",      // sort | hash: how the GPU sampler numbers a hop's new nodes
+    "feature_pages",        // small | huge: the GNN feature store's table pages (read in Python)
 };
 
 [[maybe_unused]] bool known(const std::string& name) {
