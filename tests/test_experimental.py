@@ -21,6 +21,16 @@ class TestExperimental(TestCase):
             with self.assertRaisesRegex(ValueError, msg):
                 parse(bad)
 
+    def test_setting_reads_the_variable_now(self):
+        with mock.patch.dict(os.environ, {VARIABLE: "feature_pages=huge"}):
+            self.assertEqual(torch_direct.experimental_setting("feature_pages"), "huge")
+            self.assertIsNone(torch_direct.experimental_setting("sampler_relabel"))
+            with torch_direct.experimental(feature_pages=None, sampler_relabel="hash"):
+                self.assertIsNone(torch_direct.experimental_setting("feature_pages"))
+                self.assertEqual(torch_direct.experimental_setting("sampler_relabel"), "hash")
+        with self.assertRaisesRegex(ValueError, "unknown setting 'feature_page'"):
+            torch_direct.experimental_setting("feature_page")
+
     def test_context_sets_merges_and_restores(self):
         with mock.patch.dict(os.environ, {VARIABLE: "gather_max_unit=4"}):
             with torch_direct.experimental(gather_kernel="grid", gather_own_pool=True):

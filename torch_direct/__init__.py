@@ -28,7 +28,7 @@ from ._backend import (  # noqa: F401  (on stock torch: registers the device on 
 )
 
 from ._gather import gather, hybrid_cpu_fraction, quantize_rows_fp8  # noqa: E402
-from ._experimental import experimental  # noqa: E402
+from ._experimental import experimental, get as experimental_setting  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -40,6 +40,7 @@ __all__ = [
     "cuda_available",
     "empty_cache",
     "experimental",
+    "experimental_setting",
     "gather",
     "quantize_rows_fp8",
     "hybrid_cpu_fraction",

@@ -40,6 +40,7 @@ from contextlib import nullcontext
 import torch
 
 import torch_direct
+from .pages import feature_pages, huge_page_table
 
 KINDS = ("unified", "cpu_centric", "gpu_resident")
 FP8 = torch.float8_e4m3fn
@@ -111,36 +112,6 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     if t.device.type == "unified":
         return torch_direct.cpu_alias(t)
     return t if t.device.type == "cpu" else t.cpu()
-
-
-def _feature_pages() -> str:
-    """The experimental setting feature_pages: "small" (unset: the default) or "huge"."""
-    from torch_direct._experimental import get
-    pages = get("feature_pages") or "small"
-    if pages not in ("small", "huge"):
-        raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: feature_pages must be small or huge, not {pages!r}")
-    return pages
-
-
-def huge_page_table(x: torch.Tensor) -> torch.Tensor:
-    """A unified copy of ``x`` on transparent huge pages: anonymous memory advised
-    MADV_HUGEPAGE before it is touched, so the kernel can back it with 2 MiB pages, then
-    pinned in place (``torch_direct.pin_inplace``). The GPU then needs one translation per
-    2 MiB of the table instead of one per 4 KiB. Huge pages are a request the kernel may
-    refuse (``/sys/kernel/mm/transparent_hugepage/enabled``); the table works either way.
-    Not shareable between processes (private memory)."""
-    import mmap
-    nbytes = x.numel() * x.element_size()
-    if nbytes == 0:
-        return x.contiguous().to("unified")
-    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        mm.madvise(mmap.MADV_HUGEPAGE)
-    # bytes first (frombuffer takes no float8), then the table's dtype; the tensor holds a
-    # reference to the mapping, which lives as long as the table's storage
-    host = torch.frombuffer(mm, dtype=torch.uint8).view(x.dtype).view(x.shape)
-    host.copy_(x)
-    return torch_direct.pin_inplace(host)
 
 
 def _stream_ctx(stream, device: torch.device):
@@ -231,7 +202,7 @@ class UnifiedFeatureStore(FeatureStore):
             self.table = x
         elif pin_inplace:
             self.table = torch_direct.pin_inplace(x.contiguous())
-        elif _feature_pages() == "huge":
+        elif feature_pages() == "huge":
             self.table = huge_page_table(x)
         else:
             self.table = x.contiguous().to("unified")
