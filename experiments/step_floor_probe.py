@@ -10,7 +10,8 @@ synchronised at both ends, on the same batches and model:
   step       the training step alone (forward, loss, backward, Adam) over batches sampled and
              gathered beforehand, cycled (--cached of them)
   sample_gather   sampling batch i on one stream while batch i-1's rows are gathered on
-             another, in one thread: what the gather kernels cost the sampler's host waits
+             another, in a second thread (as the loader does with --sample-ahead): what
+             sampling and gathering cost each other on the GPU
   together   the pipelined loader feeding the steps, as `train` runs it
   together_ahead   the same with --sample-ahead (sampling in a thread and stream of its own)
 
@@ -27,6 +28,7 @@ of the tool, not a measurement).
 """
 import argparse
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 import sys
 import time
 from contextlib import nullcontext
@@ -169,19 +171,28 @@ def measure(precision, layers, priority, ds, device, sampler, store, labels, bat
         parts["gather"] = timed(device, gather_all)
 
         # Sampling batch i (its own stream, its host waits) while batch i-1's rows are gathered on
-        # a second stream: the sampler's waits then queue behind the gather's kernels.
+        # a second stream from a second thread: a gather call may hold its thread until its rows
+        # are in (the cache's counts, the hybrid's CPU share), which must not hold the sampling.
         other = torch.cuda.Stream(device) if device.type == "cuda" else None
-        on_other = (lambda: torch.cuda.stream(other)) if other is not None else nullcontext  # noqa: E731
         previous = list(sampled)
 
+        def gather_on_other(sb):
+            if other is None:
+                store.gather(sb.n_id, device)
+                return
+            torch.cuda.set_device(device)
+            with torch.cuda.stream(other):
+                store.gather(sb.n_id, device)
+            other.synchronize()
+
         def sample_gather_all():
-            with progress(n_batches, f"{precision} sample+gather", show) as bar:
+            with ThreadPoolExecutor(1) as pool, progress(n_batches, f"{precision} sample+gather", show) as bar:
                 for i, s in enumerate(batches):
-                    if i > 0:
-                        with on_other():
-                            store.gather(previous[i - 1].n_id, device)
+                    pending = pool.submit(gather_on_other, previous[i - 1]) if i > 0 else None
                     with on_side():
                         sampler.sample(s)
+                    if pending is not None:
+                        pending.result()
                     bar.update(1)
         parts["sample_gather"] = timed(device, sample_gather_all)
         previous.clear()
