@@ -11,7 +11,7 @@ import unittest
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-import torch_direct  # noqa: F401
+import torch_direct
 from common import requires_gpu
 from torch_direct.__main__ import main
 from torch_direct.gnn.graph import load_dataset
@@ -202,6 +202,13 @@ class TestTrain(TestCase):
                 self.assertIn(msg, err.getvalue())
                 self.assertEqual(err.getvalue().count("\n"), 1, err.getvalue())  # one line
             self.assertFalse(os.path.exists(empty_root))  # nothing generated for a refused run
+            with torch_direct.experimental(feature_pages="big"):   # an experimental setting, checked first too
+                err = io.StringIO()
+                with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                    code = main(["train", "--root", empty_root, *FAST])
+            self.assertEqual(code, 2)
+            self.assertIn("feature_pages must be small or huge, not 'big'", err.getvalue())
+            self.assertFalse(os.path.exists(empty_root))
 
     def test_test_nodes_is_a_fixed_subset(self):
         test = self.ds.split["test"]

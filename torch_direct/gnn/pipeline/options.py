@@ -183,6 +183,8 @@ def resolve_device(name) -> torch.device:
 def check_options(args, device) -> None:
     """Refuse, before any data is loaded, options that contradict each other or ``device``
     (one line each, naming the option)."""
+    from .pages import feature_pages
+    feature_pages()   # an experimental feature_pages setting that is neither small nor huge
     eval_fanouts = args.eval_fanouts or [20] * len(args.fanouts)
     if len(eval_fanouts) != len(args.fanouts):
         raise ValueError(f"--eval-fanouts has {len(eval_fanouts)} entries, --fanouts {len(args.fanouts)}: "
