@@ -33,6 +33,9 @@ from _cli import finish, run, write_record  # noqa: E402
 import torch_direct  # noqa: E402
 
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+# Whether shared memory (the allocator's memfd blocks) may take huge pages at all: "never" leaves
+# anonymous memory as the only way to them.
+SHMEM_THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 
 
 def parse(argv=None):
@@ -108,9 +111,11 @@ def main(argv=None):
               "device": str(device), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "thp_setting": THP_SETTING.read_text().strip() if THP_SETTING.exists() else None,
+              "shmem_thp_setting": SHMEM_THP_SETTING.read_text().strip() if SHMEM_THP_SETTING.exists() else None,
               "rows": rows, "indices": n, "tables": {}}
     print(f"hugepage_gather_probe: {rows} rows of {a.row_bytes} B ({rows * a.row_bytes / 1e9:.1f} GB), "
-          f"{n} random rows a gather, {device}; THP {record['thp_setting']}", flush=True)
+          f"{n} random rows a gather, {device}; THP {record['thp_setting']}; shared memory THP "
+          f"{record['shmem_thp_setting']}", flush=True)
     for name in ("unified", "thp"):
         t0 = time.perf_counter()
         if name == "unified":
