@@ -4,6 +4,7 @@ records get their provenance from the package's one JSON writer."""
 
 import fnmatch
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -176,6 +177,13 @@ class TestWriteJson(TestCase):
         self.assertEqual(prov["machine"]["cpus"], _io.machine_record()["cpus"])
         self.assertIn("torch", prov["machine"])
         self.assertIsInstance(prov["command"], str)
+
+    def test_the_command_names_experimental_settings(self):
+        with mock.patch.dict(os.environ, {"TORCH_DIRECT_EXPERIMENTAL": "sampler_relabel=hash"}):
+            self.assertTrue(_io.command_line().startswith("TORCH_DIRECT_EXPERIMENTAL=sampler_relabel=hash "))
+        with mock.patch.dict(os.environ):
+            os.environ.pop("TORCH_DIRECT_EXPERIMENTAL", None)
+            self.assertNotIn("TORCH_DIRECT_EXPERIMENTAL", _io.command_line())
 
     def test_an_existing_provenance_is_kept(self):
         given = {"commit": "abc1234", "machine": {"gpu": "g"}, "command": "c"}

@@ -101,7 +101,9 @@ def code_version() -> dict:
 
 def command_line() -> str:
     """This process's command line, shell-quoted: ``python -m <module> args`` when it was
-    started with ``-m``, else its argv (``python`` first for a ``.py`` script)."""
+    started with ``-m``, else its argv (``python`` first for a ``.py`` script); preceded by
+    ``TORCH_DIRECT_EXPERIMENTAL=...`` when experimental settings are in force, which change
+    what was measured."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     module = getattr(spec, "name", None)
@@ -113,7 +115,9 @@ def command_line() -> str:
         argv = list(sys.argv)
         if argv and argv[0].endswith(".py"):
             argv.insert(0, "python")
-    return " ".join(shlex.quote(a) for a in argv)
+    line = " ".join(shlex.quote(a) for a in argv)
+    settings = os.environ.get("TORCH_DIRECT_EXPERIMENTAL")
+    return f"TORCH_DIRECT_EXPERIMENTAL={shlex.quote(settings)} {line}" if settings else line
 
 
 def provenance() -> dict:
