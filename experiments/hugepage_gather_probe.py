@@ -9,10 +9,15 @@ between processes). This probe gathers the same random rows from:
   unified   a unified tensor as the allocator makes it (4 KiB pages);
   thp       anonymous memory advised MADV_HUGEPAGE (transparent huge pages) before it is
             touched, then pinned in place (``torch_direct.pin_inplace``);
+  vmm_host  (GPU only, with CuPy) pinned host memory the CUDA driver allocates and maps itself
+            (cuMemCreate with a host location), at its allocation granularity (2 MiB
+            typically) whatever pages the kernel has: the driver's way to large mappings;
 
 and reports the median time of each, rows per second and GB/s, and how much of the ``thp``
 table the kernel put on huge pages (AnonHugePages in /proc/meminfo: THP is a request the
-kernel may refuse). On the CPU it runs as a check of the tool, not a measurement.
+kernel may refuse). Each table is read by ``torch_direct.gather`` (the product's kernel) and,
+on a GPU, by ``torch.index_select`` over a CUDA view of it (the one kernel all three can use).
+On the CPU it runs as a check of the tool, not a measurement.
 
     python experiments/hugepage_gather_probe.py --table-gb 16 --out hugepages.json
 """
@@ -82,20 +87,97 @@ def thp_table(rows: int, cols: int):
     return t, mm, max(0, anon_huge_kb() - before)
 
 
-def timed_gathers(table, index, device, repeats: int) -> list[float]:
-    out = None
-    for _ in range(2):   # warm-up
-        out = torch_direct.gather(table, index, out=out)
+def timed(fn, device, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn()`` after two warm-up calls, the device
+    synchronised around each."""
+    for _ in range(2):
+        fn()
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        torch_direct.gather(table, index, out=out)
+        fn()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
     return times
+
+
+def rates(times: list[float], n: int, row_bytes: int) -> dict:
+    med = statistics.median(times)
+    return {"median_s": med, "all_s": times, "Mrows_per_s": n / med / 1e6, "GBps": n * row_bytes / med / 1e9}
+
+
+def vmm_host_table(rows: int, cols: int, device: torch.device):
+    """(float32 CUDA tensor [rows, cols] over pinned host memory the driver allocated and mapped
+    itself, a function releasing it, the allocation granularity): cuMemCreate with a host
+    location, cuMemAddressReserve, cuMemMap, cuMemSetAccess for ``device``; wrapped through CuPy.
+    RuntimeError saying why where it cannot be made."""
+    import ctypes
+    try:
+        import cupy
+    except ImportError as e:
+        raise RuntimeError("needs CuPy to view the mapping as a tensor") from e
+    cu = ctypes.CDLL("libcuda.so.1")
+
+    class Location(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+    class Flags(ctypes.Structure):
+        _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                    ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+    class Prop(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", Location),
+                    ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", Flags)]
+
+    class Access(ctypes.Structure):
+        _fields_ = [("location", Location), ("flags", ctypes.c_int)]
+
+    u64, size_t = ctypes.c_ulonglong, ctypes.c_size_t
+    cu.cuMemGetAllocationGranularity.argtypes = [ctypes.POINTER(size_t), ctypes.POINTER(Prop), ctypes.c_int]
+    cu.cuMemCreate.argtypes = [ctypes.POINTER(u64), size_t, ctypes.POINTER(Prop), u64]
+    cu.cuMemAddressReserve.argtypes = [ctypes.POINTER(u64), size_t, size_t, u64, u64]
+    cu.cuMemMap.argtypes = [u64, size_t, size_t, u64, u64]
+    cu.cuMemSetAccess.argtypes = [u64, size_t, ctypes.POINTER(Access), size_t]
+    cu.cuMemUnmap.argtypes = [u64, size_t]
+    cu.cuMemAddressFree.argtypes = [u64, size_t]
+    cu.cuMemRelease.argtypes = [u64]
+
+    def check(rc, what):
+        if rc != 0:
+            name = ctypes.c_char_p()
+            cu.cuGetErrorName(rc, ctypes.byref(name))
+            raise RuntimeError(f"{what}: {name.value.decode() if name.value else rc}")
+
+    host, pinned, readwrite, gpu = 2, 1, 3, 1   # CU_MEM_LOCATION_TYPE_HOST, _ALLOCATION_TYPE_PINNED, ...
+    prop = Prop(type=pinned, requestedHandleTypes=0, location=Location(host, 0))
+    gran = size_t()
+    check(cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), 0), "cuMemGetAllocationGranularity")
+    size = -(-rows * cols * 4 // gran.value) * gran.value
+    handle, ptr = u64(), u64()
+    check(cu.cuMemCreate(ctypes.byref(handle), size, ctypes.byref(prop), 0), "cuMemCreate")
+    done = []
+
+    def release():
+        for step in reversed(done):
+            step()
+        done.clear()
+    try:
+        done.append(lambda: cu.cuMemRelease(handle.value))
+        check(cu.cuMemAddressReserve(ctypes.byref(ptr), size, gran.value, 0, 0), "cuMemAddressReserve")
+        done.append(lambda: cu.cuMemAddressFree(ptr.value, size))
+        check(cu.cuMemMap(ptr.value, size, 0, handle.value, 0), "cuMemMap")
+        done.append(lambda: cu.cuMemUnmap(ptr.value, size))
+        access = Access(location=Location(gpu, device.index or 0), flags=readwrite)
+        check(cu.cuMemSetAccess(ptr.value, size, ctypes.byref(access), 1), "cuMemSetAccess")
+        mem = cupy.cuda.UnownedMemory(ptr.value, size, None, device.index or 0)
+        view = cupy.ndarray((rows, cols), dtype=cupy.float32, memptr=cupy.cuda.MemoryPointer(mem, 0))
+        return torch.from_dlpack(view), release, gran.value
+    except Exception:
+        release()
+        raise
 
 
 def main(argv=None):
@@ -116,30 +198,57 @@ def main(argv=None):
     print(f"hugepage_gather_probe: {rows} rows of {a.row_bytes} B ({rows * a.row_bytes / 1e9:.1f} GB), "
           f"{n} random rows a gather, {device}; THP {record['thp_setting']}; shared memory THP "
           f"{record['shmem_thp_setting']}", flush=True)
-    for name in ("unified", "thp"):
+    names = ("unified", "thp") + (("vmm_host",) if device.type == "cuda" else ())
+    record["skipped"] = {} if device.type == "cuda" else {"vmm_host": "needs a CUDA device"}
+    for name in names:
         t0 = time.perf_counter()
-        if name == "unified":
-            table, keep, huge_kb = torch.empty(rows, cols, device="unified"), None, 0
-            table.fill_(1.0)
-        else:
-            host, keep, huge_kb = thp_table(rows, cols)
-            table = torch_direct.pin_inplace(host)
-        made_s = time.perf_counter() - t0
-        times = timed_gathers(table, index, device, a.repeats)
-        med = statistics.median(times)
-        entry = {"made_s": made_s, "median_s": med, "all_s": times, "Mrows_per_s": n / med / 1e6,
-                 "GBps": n * a.row_bytes / med / 1e9, "huge_page_kb": huge_kb,
-                 "huge_page_share": huge_kb * 1024 / (rows * cols * 4)}
+        keep, release, huge_kb, entry = None, None, 0, {}
+        try:
+            if name == "unified":
+                table = torch.empty(rows, cols, device="unified")
+                table.fill_(1.0)
+            elif name == "thp":
+                host, keep, huge_kb = thp_table(rows, cols)
+                table = torch_direct.pin_inplace(host)
+            else:
+                table, release, entry["granularity"] = vmm_host_table(rows, cols, device)
+                table.fill_(1.0)
+        except RuntimeError as e:   # the driver refused (an old one, a machine without host VMM)
+            record["skipped"][name] = str(e)
+            print(f"  {name:8s} skipped: {e}", flush=True)
+            continue
+        entry["made_s"] = time.perf_counter() - t0
+        if name != "vmm_host":   # the product's kernel reads unified tables only
+            out = torch.empty(n, cols, device=device)
+            entry.update(rates(timed(lambda: torch_direct.gather(table, index, out=out), device, a.repeats),
+                               n, a.row_bytes))
+        if device.type == "cuda":
+            view = table if name == "vmm_host" else torch_direct.cuda_alias(table, device.index or 0)
+            entry["index_select"] = rates(timed(lambda: torch.index_select(view, 0, index), device, a.repeats),
+                                          n, a.row_bytes)
+            del view
+        entry["huge_page_kb"] = huge_kb
+        entry["huge_page_share"] = huge_kb * 1024 / (rows * cols * 4)
         record["tables"][name] = entry
-        print(f"  {name:8s} {med * 1e3:8.3f} ms  {entry['Mrows_per_s']:7.1f} M rows/s  {entry['GBps']:6.2f} GB/s  "
-              f"huge pages {entry['huge_page_share']:.0%}  (made in {made_s:.1f} s)", flush=True)
+        shown = entry if "median_s" in entry else entry["index_select"]
+        print(f"  {name:8s} {shown['median_s'] * 1e3:8.3f} ms  {shown['Mrows_per_s']:7.1f} M rows/s  "
+              f"{shown['GBps']:6.2f} GB/s  huge pages {entry['huge_page_share']:.0%}  (made in {entry['made_s']:.1f} s)"
+              + (f"; index_select {entry['index_select']['Mrows_per_s']:.1f} M rows/s" if "index_select" in entry
+                 else ""), flush=True)
         del table
         keep = None  # noqa: F841  (the mapping goes with the table)
+        if release is not None:
+            torch.cuda.synchronize(device)
+            release()
         if a.out:
             write_record(a.out, record)
     u, h = record["tables"]["unified"], record["tables"]["thp"]
     record["thp_speedup"] = u["median_s"] / h["median_s"]
     print(f"  thp / unified speed: {record['thp_speedup']:.2f}x")
+    if "vmm_host" in record["tables"]:
+        record["vmm_host_speedup_index_select"] = (u["index_select"]["median_s"]
+                                                   / record["tables"]["vmm_host"]["index_select"]["median_s"])
+        print(f"  vmm_host / unified speed (index_select): {record['vmm_host_speedup_index_select']:.2f}x")
     return finish(a.out, record)
 
 

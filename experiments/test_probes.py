@@ -98,6 +98,7 @@ class TestHugepageGatherProbe(TestCase):
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             rec = json.loads(out.read_text())
             self.assertEqual(set(rec["tables"]), {"unified", "thp"})
+            self.assertEqual(rec["skipped"], {"vmm_host": "needs a CUDA device"})   # the driver's mapping: GPU only
             for t in rec["tables"].values():
                 self.assertEqual(len(t["all_s"]), 2)
                 self.assertGreater(t["Mrows_per_s"], 0)
