@@ -65,7 +65,8 @@
 #   papers-graphed-levers: that unified run under each experimental setting of LEVERS (default:
 #   sampler_relabel=hash, then feature_pages=huge).
 # - unified-probe: experiments/step_floor_probe.py on papers100M-like with --store unified (cache
-#   CACHE_MB), built-in layers, fp32, each sampler relabel (sort, hash): the parts of a unified batch.
+#   CACHE_MB), built-in layers, fp32, each sampler relabel (sort, hash), the table as FEATURE_DTYPE
+#   (default stored; fp8: float8 rows, with CACHE_MB for half of that table): the parts of a unified batch.
 # - hugepages: experiments/hugepage_gather_probe.py, 32 GB tables: random 256-byte rows from a
 #   unified table (4 KiB pages) and from one on transparent huge pages.
 # - gather-probes: experiments/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
@@ -260,7 +261,7 @@ case "$what" in
     papers_data_once
     timeout "${PROBE_LIMIT:-300}" python3 experiments/step_floor_probe.py --root "$DATA" --dataset papers100M-like \
       --graph gpu --store unified --cache-mb "${CACHE_MB:-13500}" --layers builtin --precision fp32 \
-      --batches "${PROBE_BATCHES:-100}" --sampler-relabel sort,hash --no-progress \
+      --batches "${PROBE_BATCHES:-100}" --sampler-relabel sort,hash --feature-dtype "${FEATURE_DTYPE:-stored}" --no-progress \
       --profile-sample "$OUT/sample_profile.txt" --out "$OUT/unified_probe_papers100M-like.json" > "$OUT/unified_probe.log" 2>&1
     echo "unified-probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; grep -v Warn "$OUT/unified_probe.log" | tail -24 ;;
   hugepages)  # random rows from 4 KiB against 2 MiB pages (docs/gather.md)

@@ -47,10 +47,10 @@ from torch_direct.gnn.graph import GPUNeighborSampler, load_dataset  # noqa: E40
 from torch_direct.gnn.progress import progress  # noqa: E402
 from torch_direct.gnn.pipeline.features import make_feature_store  # noqa: E402
 from torch_direct.gnn.pipeline.loader import STREAM_PRIORITIES, PipelinedLoader  # noqa: E402
-from torch_direct.gnn.pipeline.batches import graph_to_gpu  # noqa: E402
+from torch_direct.gnn.pipeline.batches import feature_table, graph_to_gpu  # noqa: E402
 from torch_direct.gnn.pipeline.models import (GNN, LAYERS, MODELS, PRECISIONS, check_precision,  # noqa: E402
                                           make_optimizer, model_precision, use_pyg_for)
-from torch_direct.gnn.pipeline.options import fanout_list, resolve_device  # noqa: E402
+from torch_direct.gnn.pipeline.options import FEATURE_DTYPES, fanout_list, resolve_device  # noqa: E402
 
 
 def parse(argv=None):
@@ -96,6 +96,9 @@ def parse(argv=None):
                    help="--store unified: SMs the gather kernel may use, 0 = all (default: %(default)s)")
     p.add_argument("--gather-cpu-threads", type=int, default=0,
                    help="--store unified: CPU threads of the hybrid gather, as train's (default: %(default)s)")
+    p.add_argument("--feature-dtype", choices=FEATURE_DTYPES, default="stored",
+                   help="the feature table's type, as train's --feature-dtype (fp8: float8 rows with a scale each, "
+                        "upcast in the gather) (default: %(default)s)")
     p.add_argument("--profile-sample", type=Path, default=None,
                    help="write the sampler's top operators over 20 batches (torch.profiler) to this .txt")
     p.add_argument("--out", type=Path, default=None, help="write the JSON record here")
@@ -109,6 +112,8 @@ def parse(argv=None):
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
         if getattr(a, name) and a.store != "unified":
             p.error(f"--{name.replace('_', '-')} applies to --store unified only")
+    if a.feature_dtype == "fp8" and a.gather_cpu_threads:
+        p.error("--gather-cpu-threads does not apply to --feature-dtype fp8 (the hybrid gather reads plain rows)")
     return a
 
 
@@ -273,13 +278,15 @@ def main(argv=None):
     else:
         graph = ds.graph
     sampler = GPUNeighborSampler(graph, a.fanouts, seed=0, device=device)
+    x, scale = feature_table(ds.x, a.feature_dtype, "unified" if a.store == "unified" else "cpu",
+                             show=not a.no_progress)
     if a.store == "unified":
         from torch_direct.gnn.graph import access_frequency
-        store = make_feature_store("unified", ds.x, device, torch.float32, cache_bytes=a.cache_mb << 20,
+        store = make_feature_store("unified", x, device, torch.float32, scale=scale, cache_bytes=a.cache_mb << 20,
                                    degree=access_frequency(ds.graph, a.fanouts[-1]) if a.cache_mb else None,
                                    max_sms=a.gather_sms or None, cpu_threads=a.gather_cpu_threads)
     else:
-        store = make_feature_store("gpu_resident", ds.x, device, torch.float32)
+        store = make_feature_store("gpu_resident", x, device, torch.float32, scale=scale)
     if a.profile_sample is not None:
         profile_sampler(sampler, batches[:25], device, a.profile_sample)
     labels = ds.y.to(device)

@@ -24,7 +24,7 @@ class TestStepFloorProbe(TestCase):
             r = probe("--root", d, "--device", "cpu", "--batches", "3", "--cached", "2", "--batch-size", "128",
                       "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "bf16",
                       "--layers", "builtin", "--sampler-waits", "default,fewer", "--loader-priority", "high",
-                      "--sampler-relabel", "hash",
+                      "--sampler-relabel", "hash", "--feature-dtype", "fp8",
                       "--store", "unified", "--profile-sample", str(Path(d) / "sample.txt"), "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             rec = json.loads(out.read_text())
@@ -55,7 +55,9 @@ class TestStepFloorProbe(TestCase):
                               (["--loader-priority", "low"], "expected comma-separated priorities"),
                               (["--device", "cpu", "--batch-size", "100000"], "make no batch of 100000"),
                               (["--cache-mb", "64"], "--cache-mb applies to --store unified only"),
-                              (["--store", "unified", "--gather-sms", "-1"], "--gather-sms must be >= 0")):
+                              (["--store", "unified", "--gather-sms", "-1"], "--gather-sms must be >= 0"),
+                              (["--store", "unified", "--feature-dtype", "fp8", "--gather-cpu-threads", "2"],
+                               "does not apply to --feature-dtype fp8")):
                 r = probe("--root", d, "--no-progress", *args)
                 self.assertEqual(r.returncode, 2, msg=f"{args}: {r.stderr[-500:]}")
                 self.assertIn(msg, r.stderr)
