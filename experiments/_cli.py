@@ -11,6 +11,20 @@ def write_record(path, record: dict) -> None:
     write_json(Path(path), record)
 
 
+def seconds(device, fn) -> float:
+    """Seconds of ``fn()``, the device synchronised before and after (the probes' one timer)."""
+    import time
+
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def finish(path, record: dict) -> dict:
     """The end of a probe: ``record`` written to ``path`` (when given, saying so), and returned."""
     if path:

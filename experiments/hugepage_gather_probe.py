@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cli import finish, run, write_record  # noqa: E402
+from _cli import finish, run, seconds, write_record  # noqa: E402
 
 import torch_direct  # noqa: E402
 
@@ -92,16 +92,7 @@ def timed(fn, device, repeats: int) -> list[float]:
     synchronised around each."""
     for _ in range(2):
         fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return times
+    return [seconds(device, fn) for _ in range(repeats)]
 
 
 def rates(times: list[float], n: int, row_bytes: int) -> dict:

@@ -30,7 +30,6 @@ import argparse
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 import sys
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -40,7 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cli import run, write_record  # noqa: E402
+from _cli import run, seconds, write_record  # noqa: E402
 
 import torch_direct  # noqa: E402
 from torch_direct.gnn.graph import GPUNeighborSampler, load_dataset  # noqa: E402
@@ -127,17 +126,6 @@ def _choices(what: str, allowed):
     return parse
 
 
-def timed(device, fn):
-    """Seconds of ``fn()``, the device synchronised before and after."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
-
-
 def measure(precision, layers, priority, ds, device, sampler, store, labels, batches, seeds, a, show) -> dict:
     """Milliseconds per batch of each part with a fresh model of ``layers`` in ``precision``."""
     n_batches = len(batches)
@@ -167,13 +155,13 @@ def measure(precision, layers, priority, ds, device, sampler, store, labels, bat
                 for s in batches:
                     sampled.append(sampler.sample(s))
                     bar.update(1)
-        parts["sample"] = timed(device, sample_all)
+        parts["sample"] = seconds(device, sample_all)
 
         def gather_all():
             with on_side():
                 for sb in sampled:
                     store.gather(sb.n_id, device)
-        parts["gather"] = timed(device, gather_all)
+        parts["gather"] = seconds(device, gather_all)
 
         # Sampling batch i (its own stream, its host waits) while batch i-1's rows are gathered on
         # a second stream from a second thread: a gather call may hold its thread until its rows
@@ -199,7 +187,7 @@ def measure(precision, layers, priority, ds, device, sampler, store, labels, bat
                     if pending is not None:
                         pending.result()
                     bar.update(1)
-        parts["sample_gather"] = timed(device, sample_gather_all)
+        parts["sample_gather"] = seconds(device, sample_gather_all)
         previous.clear()
 
         cached = []
@@ -212,7 +200,7 @@ def measure(precision, layers, priority, ds, device, sampler, store, labels, bat
                 for i in range(n_batches):
                     step(*cached[i % len(cached)])
                     bar.update(1)
-        parts["step"] = timed(device, steps_alone)
+        parts["step"] = seconds(device, steps_alone)
         cached.clear()   # the cached batches go before the pipelined parts
 
         for name, ahead in (("together", False), ("together_ahead", True)):
@@ -224,7 +212,7 @@ def measure(precision, layers, priority, ds, device, sampler, store, labels, bat
                     for b in loader:
                         step(b.x, b.adjs, b.y)
                         bar.update(1)
-            parts[name] = timed(device, pipelined)
+            parts[name] = seconds(device, pipelined)
     ms = {k: v / n_batches * 1e3 for k, v in parts.items()}
     alone = ms["sample"] + ms["gather"] + ms["step"]
     info = getattr(store, "stats", None)
@@ -243,14 +231,8 @@ def profile_sampler(sampler, batches, device, path: Path) -> None:
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
     with torch.profiler.profile(activities=acts) as prof:
-        for s in batches[warm:]:
-            sampler.sample(s)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    wall = time.perf_counter() - t0
+        wall = seconds(device, lambda: [sampler.sample(s) for s in batches[warm:]])
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{len(batches) - warm} batches sampled in {wall * 1e3:.1f} ms under the profiler\n"
