@@ -22,7 +22,6 @@ On the CPU it runs as a check of the tool, not a measurement.
     python experiments/hugepage_gather_probe.py --table-gb 16 --out hugepages.json
 """
 import argparse
-import mmap
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import finish, run, seconds, write_record  # noqa: E402
 
 import torch_direct  # noqa: E402
+from torch_direct.gnn.pipeline.pages import huge_page_bytes  # noqa: E402
 
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 # Whether shared memory (the allocator's memfd blocks) may take huge pages at all: "never" leaves
@@ -75,16 +75,12 @@ def anon_huge_kb() -> int:
 
 
 def thp_table(rows: int, cols: int):
-    """(float32 CPU tensor over anonymous memory advised MADV_HUGEPAGE, the mapping, KiB of it on
-    huge pages): advised before the first touch, so the kernel can fault 2 MiB pages in."""
-    size = rows * cols * 4
-    mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        mm.madvise(mmap.MADV_HUGEPAGE)
+    """(float32 CPU tensor on memory advised for huge pages, as the feature store's
+    ``feature_pages=huge`` table, KiB of it the kernel put on huge pages)."""
+    t = huge_page_bytes(rows * cols * 4).view(torch.float32).view(rows, cols)
     before = anon_huge_kb()
-    t = torch.frombuffer(mm, dtype=torch.float32).view(rows, cols)
     t.fill_(1.0)   # fault every page in now
-    return t, mm, max(0, anon_huge_kb() - before)
+    return t, max(0, anon_huge_kb() - before)
 
 
 def timed(fn, device, repeats: int) -> list[float]:
@@ -193,13 +189,13 @@ def main(argv=None):
     record["skipped"] = {} if device.type == "cuda" else {"vmm_host": "needs a CUDA device"}
     for name in names:
         t0 = time.perf_counter()
-        keep, release, huge_kb, entry = None, None, 0, {}
+        release, huge_kb, entry, host = None, 0, {}, None
         try:
             if name == "unified":
                 table = torch.empty(rows, cols, device="unified")
                 table.fill_(1.0)
             elif name == "thp":
-                host, keep, huge_kb = thp_table(rows, cols)
+                host, huge_kb = thp_table(rows, cols)
                 table = torch_direct.pin_inplace(host)
             else:
                 table, release, entry["granularity"] = vmm_host_table(rows, cols, device)
@@ -226,8 +222,7 @@ def main(argv=None):
               f"{shown['GBps']:6.2f} GB/s  huge pages {entry['huge_page_share']:.0%}  (made in {entry['made_s']:.1f} s)"
               + (f"; index_select {entry['index_select']['Mrows_per_s']:.1f} M rows/s" if "index_select" in entry
                  else ""), flush=True)
-        del table
-        keep = None  # noqa: F841  (the mapping goes with the table)
+        del table, host   # the huge-page mapping goes with its last tensor
         if release is not None:
             torch.cuda.synchronize(device)
             release()

@@ -16,22 +16,27 @@ def feature_pages() -> str:
     return pages
 
 
-def huge_page_table(x: torch.Tensor) -> torch.Tensor:
-    """A unified copy of ``x`` on transparent huge pages: anonymous memory advised
-    MADV_HUGEPAGE before it is touched, so the kernel can back it with 2 MiB pages, then
-    pinned in place (``torch_direct.pin_inplace``). The GPU then needs one translation per
-    2 MiB of the table instead of one per 4 KiB. Huge pages are a request the kernel may
-    refuse (``/sys/kernel/mm/transparent_hugepage/enabled``); the table works either way.
-    Not shareable between processes (private memory)."""
+def huge_page_bytes(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of untouched anonymous memory advised MADV_HUGEPAGE, as a uint8 CPU tensor:
+    advised before the first touch, so the kernel can fault 2 MiB pages in. The tensor holds a
+    reference to the mapping, which lives as long as the storage. Huge pages are a request the
+    kernel may refuse (``/sys/kernel/mm/transparent_hugepage/enabled``); the memory works either
+    way. Private to the process."""
     import mmap
-    nbytes = x.numel() * x.element_size()
-    if nbytes == 0:
-        return x.contiguous().to("unified")
     mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         mm.madvise(mmap.MADV_HUGEPAGE)
-    # bytes first (frombuffer takes no float8), then the table's dtype; the tensor holds a
-    # reference to the mapping, which lives as long as the table's storage
-    host = torch.frombuffer(mm, dtype=torch.uint8).view(x.dtype).view(x.shape)
+    return torch.frombuffer(mm, dtype=torch.uint8)
+
+
+def huge_page_table(x: torch.Tensor) -> torch.Tensor:
+    """A unified copy of ``x`` on transparent huge pages (:func:`huge_page_bytes`), pinned in
+    place (``torch_direct.pin_inplace``). The GPU then needs one translation per 2 MiB of the
+    table instead of one per 4 KiB. Not shareable between processes (private memory)."""
+    nbytes = x.numel() * x.element_size()
+    if nbytes == 0:
+        return x.contiguous().to("unified")
+    # bytes first (frombuffer takes no float8), then the table's dtype
+    host = huge_page_bytes(nbytes).view(x.dtype).view(x.shape)
     host.copy_(x)
     return torch_direct.pin_inplace(host)
