@@ -43,18 +43,21 @@ def parse(text: str | None) -> dict[str, str]:
         name, eq, value = item.partition("=")
         if not eq or not name:
             raise ValueError(f"{VARIABLE}: {item!r} is not name=value (names: {', '.join(SETTINGS)})")
-        if name not in SETTINGS:
-            raise ValueError(f"{VARIABLE}: unknown setting {name!r} (names: {', '.join(SETTINGS)})")
+        _check_name(name, VARIABLE)
         if name in out:
             raise ValueError(f"{VARIABLE}: {name} is given twice")
         out[name] = value
     return out
 
 
+def _check_name(name: str, who: str) -> None:
+    if name not in SETTINGS:
+        raise ValueError(f"{who}: unknown setting {name!r} (names: {', '.join(SETTINGS)})")
+
+
 def get(name: str) -> str | None:
     """The value of setting ``name`` in ``TORCH_DIRECT_EXPERIMENTAL`` now (None when unset)."""
-    if name not in SETTINGS:
-        raise ValueError(f"experimental: unknown setting {name!r} (names: {', '.join(SETTINGS)})")
+    _check_name(name, "experimental")
     return parse(os.environ.get(VARIABLE)).get(name)
 
 
@@ -66,8 +69,7 @@ def experimental(**settings):
     before = os.environ.get(VARIABLE)
     current = parse(before)
     for name, value in settings.items():
-        if name not in SETTINGS:
-            raise ValueError(f"experimental: unknown setting {name!r} (names: {', '.join(SETTINGS)})")
+        _check_name(name, "experimental")
         if value is None:
             current.pop(name, None)
             continue
