@@ -109,14 +109,16 @@ def compiled(name: str, files: list[str], cuda: bool):
 def extensions() -> list:
     """The device (torch_direct._C: the allocator, the unified kernels, the PrivateUse1
     registration), which a fork wheel has natively, and the GNN stack's neighbour samplers
-    (torch_direct.gnn.graph._sampler), built on either vehicle."""
+    (torch_direct.gnn.graph._sampler) and mean aggregation (torch_direct.gnn.pipeline._aggregate),
+    built on either vehicle."""
     cuda = want_cuda()
     out = []
     if not native_unified():
-        device = [f for f in sources(cuda) if not f.startswith("csrc/sampler/")]
+        device = [f for f in sources(cuda) if not f.startswith(("csrc/sampler/", "csrc/aggregate/"))]
         device.append(str(gen_registrations.generate().relative_to(ROOT)))
         out.append(compiled("torch_direct._C", device, cuda))
     out.append(compiled("torch_direct.gnn.graph._sampler", sources(cuda, ("csrc/sampler",)), cuda))
+    out.append(compiled("torch_direct.gnn.pipeline._aggregate", sources(cuda, ("csrc/aggregate",)), cuda))
     return out
 
 

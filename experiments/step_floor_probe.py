@@ -47,8 +47,9 @@ from torch_direct.gnn.progress import progress  # noqa: E402
 from torch_direct.gnn.pipeline.features import make_feature_store  # noqa: E402
 from torch_direct.gnn.pipeline.loader import STREAM_PRIORITIES, PipelinedLoader  # noqa: E402
 from torch_direct.gnn.pipeline.batches import feature_table, graph_to_gpu  # noqa: E402
-from torch_direct.gnn.pipeline.models import (GNN, LAYERS, MODELS, PRECISIONS, check_precision,  # noqa: E402
-                                          make_optimizer, model_precision, use_pyg_for)
+from torch_direct.gnn.pipeline.aggregate import IMPLEMENTATIONS as AGGREGATIONS  # noqa: E402
+from torch_direct.gnn.pipeline.models import (GNN, LAYERS, MODELS, PRECISIONS, SAGELayer,  # noqa: E402
+                                          check_precision, make_optimizer, model_precision, use_pyg_for)
 from torch_direct.gnn.pipeline.options import FEATURE_DTYPES, fanout_list, resolve_device  # noqa: E402
 
 
@@ -84,6 +85,9 @@ def parse(argv=None):
                    help="comma-separated values of the experimental sampler_relabel for the GPU sampler: sort = "
                         "unique and argsort; hash = a hash table, three passes and a scan (the same batches); "
                         "each is measured with each of the other settings (default: sort)")
+    p.add_argument("--aggregate", type=_choices("aggregations", AGGREGATIONS), default=["fused"],
+                   help="the built-in SAGE layer's mean aggregation, comma-separated to compare: fused "
+                        "(the kernels) or index_add (index_select + index_add_) (default: fused)")
     p.add_argument("--loader-priority", type=_choices("priorities", STREAM_PRIORITIES), default=["normal"],
                    help="comma-separated priorities of the loader's CUDA streams in the together parts, as "
                         "train's --loader-priority (default: normal)")
@@ -126,13 +130,18 @@ def _choices(what: str, allowed):
     return parse
 
 
-def measure(precision, layers, priority, ds, device, sampler, store, labels, batches, seeds, a, show) -> dict:
-    """Milliseconds per batch of each part with a fresh model of ``layers`` in ``precision``."""
+def measure(precision, layers, aggregate, priority, ds, device, sampler, store, labels, batches, seeds, a,
+            show) -> dict:
+    """Milliseconds per batch of each part with a fresh model of ``layers`` in ``precision``
+    (``aggregate``: the built-in layers' mean aggregation)."""
     n_batches = len(batches)
     torch.manual_seed(0)
     use_pyg = use_pyg_for(layers)
     model = GNN(a.model, ds.num_features, a.hidden, ds.num_classes, len(a.fanouts), use_pyg=use_pyg,
                 precision=precision).to(device)
+    for layer in model.layers:
+        if isinstance(layer, SAGELayer):
+            layer.aggregate = aggregate
     opt = make_optimizer(model, 3e-3)
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
     on_side = (lambda: torch.cuda.stream(side)) if side is not None else nullcontext  # noqa: E731
@@ -278,14 +287,16 @@ def main(argv=None):
               "batches": n_batches, "store": a.store, "runs": []}
     print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
           f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, CSR on {graph.device}, {device}", flush=True)
-    for relabel, waits, priority, layers, precision in itertools.product(a.sampler_relabel, a.sampler_waits,
-                                                                        a.loader_priority, a.layers, a.precision):
+    for relabel, waits, priority, layers, aggregate, precision in itertools.product(
+            a.sampler_relabel, a.sampler_waits, a.loader_priority, a.layers, a.aggregate, a.precision):
         with torch_direct.experimental(sampler_waits=waits, sampler_relabel=relabel):   # read on each call
-            run = measure(precision, layers, priority, ds, device, sampler, store, labels, batches, seeds, a, show)
+            run = measure(precision, layers, aggregate, priority, ds, device, sampler, store, labels, batches,
+                          seeds, a, show)
         run["sampler_waits"], run["sampler_relabel"], run["loader_priority"] = waits, relabel, priority
+        run["aggregate"] = aggregate
         record["runs"].append(run)
-        print(f" {run['layers']} layers, {precision}, sampler waits {waits}, relabel {relabel}, "
-              f"loader priority {priority}:")
+        print(f" {run['layers']} layers ({aggregate} aggregation), {precision}, sampler waits {waits}, "
+              f"relabel {relabel}, loader priority {priority}:")
         for k, v in run["ms_per_batch"].items():
             print(f"  {k:15s} {v:8.3f} ms/batch")
         print(f"  together / (sample + gather + step) = {run['together_over_sum']:.2f} (sample ahead: "

@@ -24,14 +24,15 @@ class TestStepFloorProbe(TestCase):
             r = probe("--root", d, "--device", "cpu", "--batches", "3", "--cached", "2", "--batch-size", "128",
                       "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "bf16",
                       "--layers", "builtin", "--sampler-waits", "default,fewer", "--loader-priority", "high",
-                      "--sampler-relabel", "hash", "--feature-dtype", "fp8",
+                      "--sampler-relabel", "hash", "--feature-dtype", "fp8", "--aggregate", "fused,index_add",
                       "--store", "unified", "--profile-sample", str(Path(d) / "sample.txt"), "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             rec = json.loads(out.read_text())
             self.assertEqual(rec["batches"], 3)
             self.assertEqual([(run["sampler_waits"], run["sampler_relabel"], run["loader_priority"], run["layers"],
-                               run["precision"]) for run in rec["runs"]],
-                             [("default", "hash", "high", "builtin", "bf16"), ("fewer", "hash", "high", "builtin", "bf16")])
+                               run["aggregate"], run["precision"]) for run in rec["runs"]],
+                             [(waits, "hash", "high", "builtin", aggregate, "bf16")
+                              for waits in ("default", "fewer") for aggregate in ("fused", "index_add")])
             for run in rec["runs"]:
                 ms = run["ms_per_batch"]
                 self.assertEqual(set(ms), {"sample", "gather", "sample_gather", "step", "together", "together_ahead"})
@@ -39,7 +40,7 @@ class TestStepFloorProbe(TestCase):
                 self.assertTrue(all(v > 0 for v in ms.values()), ms)
                 parts = [ms[k] for k in ("sample", "gather", "step")]
                 self.assertAlmostEqual(run["max_part_over_sum"], max(parts) / sum(parts))
-            self.assertEqual(r.stdout.count("together / (sample + gather + step)"), 2)
+            self.assertEqual(r.stdout.count("together / (sample + gather + step)"), 4)
             self.assertIn("batches sampled in", (Path(d) / "sample.txt").read_text())
             self.assertEqual(rec["store"], "unified")
 
@@ -50,6 +51,7 @@ class TestStepFloorProbe(TestCase):
                               (["--batches", "0"], "--batches must be positive"),
                               (["--precision", "fp32,fp8"], "expected comma-separated precisions"),
                               (["--layers", "dgl"], "expected comma-separated layers"),
+                              (["--aggregate", "sum"], "expected comma-separated aggregations"),
                               (["--sampler-waits", "none"], "expected comma-separated settings"),
                               (["--sampler-relabel", "radix"], "expected comma-separated settings"),
                               (["--loader-priority", "low"], "expected comma-separated priorities"),

@@ -94,9 +94,11 @@ class TestPadding(_Tiny):
             k, pad = ei.shape[1], c[2] - ei.shape[1]
             self.assertEqual(e[:, :k], ei)
             self.assertGreater(pad, 0)
-            # padding edges end at padding target rows, spread over them and over the sources,
-            # so that no row takes a run of them (a scatter's atomics would queue on it)
+            # padding edges end at padding target rows, spread over them (no row takes more than
+            # its share: a scatter's atomics would queue on it) in runs, as a sampler groups its
+            # edges by target, and spread over the sources
             targets = e[1, k:]
+            self.assertTrue(bool((targets[1:] <= targets[:-1]).all()))
             self.assertTrue(bool(((targets >= size[1]) & (targets < c[1])).all()))
             self.assertEqual(int(targets.max()), c[1] - 1)
             spare = c[1] - size[1]

@@ -54,7 +54,7 @@ class PaddedBatch:
             raise ValueError(f"PaddedBatch: the last block has {caps[-1][1]} targets for {seeds} labels")
         self.caps, self.seeds = caps, seeds
         self.x = torch.zeros(caps[0][0], num_features, dtype=x_dtype, device=device)
-        # padding edge j: source j mod n_src; target counted down from the last row (see fill)
+        # padding edge j: source j mod n_src; targets counted down from the last row (see fill)
         self.ramps = [torch.arange(c[2], dtype=index_dtype, device=device) for c in caps]
         self.pad_src = [r % c[0] for r, c in zip(self.ramps, caps)]
         self.edges = [torch.stack([p, torch.full_like(p, c[1] - 1)]) for p, c in zip(self.pad_src, caps)]
@@ -77,10 +77,13 @@ class PaddedBatch:
             k = ei.shape[1]
             e[:, :k].copy_(ei)
             e[0, k:].copy_(p[k:])
-            # over the padding target rows size[1] .. c[1] - 1, from the last one down, round again
+            # over the padding target rows size[1] .. c[1] - 1, from the last one down, in runs of
+            # at most ceil(padding / rows) edges: grouped by target as the sampler's own edges
+            # are, which the fused mean aggregation sums a run at a time
             t = e[1, k:]
-            torch.remainder(r[k:], c[1] - int(size[1]), out=t)
-            t.neg_().add_(c[1] - 1)
+            per_row = max(1, -(-(c[2] - k) // (c[1] - int(size[1]))))
+            torch.sub(r[k:], k, out=t)
+            t.div_(per_row, rounding_mode="floor").neg_().add_(c[1] - 1)
         self.y[:b.batch_size].copy_(b.y)
         self.y[b.batch_size:].fill_(-1)
 

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .aggregate import IMPLEMENTATIONS, mean_aggregate
+
 MODELS = ("sage", "gat", "gin")
 LAYERS = ("auto", "pyg", "builtin")   # --layers: PyG's convs when installed, PyG's, or the built-in SAGE
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -30,26 +32,22 @@ def have_pyg() -> bool:
 
 
 class SAGELayer(nn.Module):
-    """GraphSAGE with mean aggregation on a bipartite block, in plain torch ops:
-    ``out = W_l mean_{u in N(v)} x_u + W_r x_v``."""
+    """GraphSAGE with mean aggregation on a bipartite block, in plain torch ops and the fused
+    mean (:mod:`.aggregate`): ``out = W_l mean_{u in N(v)} x_u + W_r x_v``. ``aggregate``:
+    ``fused`` or ``index_add`` (:func:`.aggregate.mean_aggregate`)."""
 
-    def __init__(self, in_dim: int, out_dim: int):
+    def __init__(self, in_dim: int, out_dim: int, aggregate: str = "fused"):
         super().__init__()
+        if aggregate not in IMPLEMENTATIONS:
+            raise ValueError(f"aggregate must be one of {', '.join(IMPLEMENTATIONS)}, got {aggregate!r}")
         self.lin_l = nn.Linear(in_dim, out_dim)
         self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
+        self.aggregate = aggregate
 
     def forward(self, x, edge_index, size):
         n_dst = size[1]
-        src, dst = edge_index[0], edge_index[1]
-        # index_select, not x[src]: its backward adds rows with atomics where advanced indexing's
-        # sorts the indices first
-        agg = torch.zeros(n_dst, x.size(1), dtype=x.dtype, device=x.device).index_add_(0, dst, x.index_select(0, src))
-        # Degrees by index_add, not bincount: bincount on a CUDA tensor reads its maximum back to
-        # size the output, a host wait in every layer of every step.
-        deg = torch.zeros(n_dst, dtype=x.dtype, device=x.device).index_add_(
-            0, dst, torch.ones(dst.numel(), dtype=x.dtype, device=x.device))
-        deg = deg.clamp_(min=1).unsqueeze(1)
-        return self.lin_l(agg / deg) + self.lin_r(x[:n_dst])
+        agg = mean_aggregate(x, edge_index[0], edge_index[1], n_dst, self.aggregate)
+        return self.lin_l(agg) + self.lin_r(x[:n_dst])
 
 
 class PyGLayer(nn.Module):
