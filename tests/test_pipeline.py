@@ -22,7 +22,7 @@ except ImportError:
 
 
 def _loader_threads():
-    return [t for t in threading.enumerate() if t.name in ("torch_direct-loader", "torch_direct-sampler")]
+    return [t for t in threading.enumerate() if t.name.startswith(("torch_direct-loader", "torch_direct-sampler"))]
 
 
 class _Data:
@@ -391,6 +391,55 @@ class TestPipelinedLoader(TestCase):
         self.assertGreater(st["busy"]["sample"], 0)
         self.assertGreater(st["busy"]["gather"], 0)
 
+    def test_several_sampling_threads_give_the_same_batches_in_order(self):
+        from torch_direct.gnn.graph import GPUNeighborSampler
+
+        def epochs(threads):
+            gs = GPUNeighborSampler(self.ds.graph, [5, 3], seed=2, device="cpu")   # the GPU steps, on the CPU
+            out = []
+            with self.loader(gs, prefetch=2, sample_ahead=threads,
+                             generator=torch.Generator().manual_seed(1)) as loader:
+                for _ in range(2):   # the second epoch's streams follow the first's
+                    batches = []
+                    for i, b in enumerate(loader):
+                        if i == 0 and threads > 1:
+                            self.assertEqual(sorted(t.name for t in _loader_threads()),
+                                             ["torch_direct-loader"] + [f"torch_direct-sampler-{k}"
+                                                                        for k in range(threads)])
+                        self.assertEqual(b.x, self.ds.x[b.n_id])
+                        batches.append((b.n_id, [ei for ei, _, _ in b.adjs]))
+                    out.append(batches)
+                    self.assertGreater(loader.stats()["busy"]["sample"], 0)
+            return out
+
+        one = epochs(1)
+        for threads in (2, 3):
+            many = epochs(threads)
+            for e1, e2 in zip(one, many):
+                self.assertEqual(len(e1), len(e2))
+                for (n1, a1), (n2, a2) in zip(e1, e2):
+                    self.assertEqual(n1, n2)
+                    self.assertEqual(a1, a2)
+        self.assertNotEqual(one[0][0][0], one[1][0][0])   # each epoch its own batches
+
+    def test_sampling_thread_errors_surface_and_stop_the_others(self):
+        from torch_direct.gnn.graph import GPUNeighborSampler
+
+        class Failing(GPUNeighborSampler):
+            def sample(self, seeds, *, stream=None):
+                if stream == 4:
+                    raise KeyError("sampler broke on purpose")
+                return super().sample(seeds, stream=stream)
+
+        gs = Failing(self.ds.graph, [5, 3], device="cpu")
+        with self.loader(gs, prefetch=2, sample_ahead=3, shuffle=False) as loader:
+            got = 0
+            with self.assertRaisesRegex(KeyError, "on purpose"):
+                for _ in loader:
+                    got += 1
+            self.assertEqual(got, 4)
+        self.assertEqual(_loader_threads(), [])
+
     def test_worker_error_surfaces_in_the_loop(self):
         for prefetch, ahead in ((0, False), (2, False), (2, True)):
             sampler = _ListSampler(self.sampler, fail_at=3)
@@ -426,6 +475,10 @@ class TestPipelinedLoader(TestCase):
             PipelinedLoader(self.sampler, self.store, self.ids, 8, prefetch=-1)
         with self.assertRaisesRegex(ValueError, "sample_ahead needs prefetch > 0"):
             PipelinedLoader(self.sampler, self.store, self.ids, 8, prefetch=0, sample_ahead=True)
+        with self.assertRaisesRegex(ValueError, "sample_ahead must be a bool or an int >= 0"):
+            PipelinedLoader(self.sampler, self.store, self.ids, 8, sample_ahead=-1)
+        with self.assertRaisesRegex(ValueError, "sample_ahead=2 needs a GPUNeighborSampler"):
+            PipelinedLoader(self.sampler, self.store, self.ids, 8, sample_ahead=2)
         with self.assertRaisesRegex(TypeError, "FeatureStore"):
             PipelinedLoader(self.sampler, self.ds.x, self.ids, 8)
         with self.assertRaisesRegex(TypeError, "sample"):

@@ -398,6 +398,20 @@ class BlockSamplerChecks:
         self.assertFalse(same(x, a.sample(seeds)))  # each batch draws from a new stream
         a.reseed(9)
         self.assertTrue(same(x, a.sample(seeds)))
+        # streams reserved up front and used out of order: each batch the one it is in turn
+        d, e = self.sampler(graph, [5, 3], seed=9), self.sampler(graph, [5, 3], seed=9)
+        in_turn = [d.sample(seeds) for _ in range(4)]
+        first = e.take_streams(3)
+        self.assertEqual(first, 0)
+        for j in (2, 0, 1):
+            got = e.sample(seeds, stream=first + j)
+            self.assertTrue(same(got, in_turn[j]))
+            self.assertEqual(got.hops[0].edge_index, in_turn[j].hops[0].edge_index)
+        self.assertTrue(same(e.sample(seeds), in_turn[3]))   # the next one after those reserved
+        with self.assertRaisesRegex(ValueError, "stream must be an int that take_streams reserved"):
+            e.sample(seeds, stream=4)
+        with self.assertRaisesRegex(ValueError, "take_streams: n must be an int >= 0"):
+            e.take_streams(-1)
 
     def test_loader_and_edge_ids(self):
         graph = CSRGraph.from_edge_index(torch.tensor([[1, 2, 3, 0, 0], [0, 0, 0, 1, 2]]), 4,

@@ -113,6 +113,8 @@ class TestTrain(TestCase):
             self.assertEqual(recs[0]["epochs"][0]["loss"], rec["epochs"][0]["loss"])
             self.assertEqual(recs[0]["test_acc"], rec["test_acc"])
         self.assertEqual(recs[2]["loader_priority"], "high")
+        with self.assertRaisesRegex(ValueError, "--sample-ahead 2 needs the GPU sampler"):
+            self.quiet_run("--epochs", "1", "--device", "cpu", "--sample-ahead", "2")
 
     def test_profile_writes_the_top_operators(self):
         n_train = self.ds.split["train"].numel()
@@ -428,6 +430,9 @@ class TestTrain(TestCase):
         self.assertEqual((rec["sampler"], rec["graph"]), ("gpu", "cuda"))
         with self.assertRaisesRegex(ValueError, "--sampler cpu reads the CSR in host memory"):
             self.quiet_run("--epochs", "1", "--device", "cuda", "--graph", "gpu", "--sampler", "cpu")
+        # three sampling threads taking the batches in turn: the same batches, so the same loss
+        ahead, _ = self.quiet_run("--epochs", "1", "--device", "cuda", "--graph", "gpu", "--sample-ahead", "3")
+        self.assertEqual(ahead["epochs"][0]["loss"], recs["gpu"]["epochs"][0]["loss"], atol=1e-4, rtol=1e-4)
 
 
 if __name__ == "__main__":

@@ -251,15 +251,32 @@ class GPUNeighborSampler:
 
     reseed = NeighborSampler.reseed
 
-    def sample(self, seeds) -> SampledBatch:
-        """Sample one batch rooted at ``seeds`` (distinct node ids); results on ``self.device``."""
+    def take_streams(self, n: int) -> int:
+        """Reserve the random streams of the next ``n`` batches; the first one's number. A
+        batch sampled with ``sample(seeds, stream=first + j)`` is the one the ``j``-th call of
+        plain ``sample`` would have drawn, so threads can share an epoch's batches."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"take_streams: n must be an int >= 0, got {n!r}")
+        first = self._next_stream
+        self._next_stream += n
+        return first
+
+    def sample(self, seeds, *, stream: int | None = None) -> SampledBatch:
+        """Sample one batch rooted at ``seeds`` (distinct node ids); results on ``self.device``.
+        ``stream``: the batch's random stream, one that :meth:`take_streams` reserved (default:
+        the next one)."""
         if not isinstance(seeds, torch.Tensor):
             seeds = torch.as_tensor(seeds)
         if seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
             raise TypeError(f"seeds must be a 1-D int32/int64 tensor, got {seeds.dtype} of shape {tuple(seeds.shape)}")
+        if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)
+                                   or not 0 <= stream < self._next_stream):
+            raise ValueError(f"stream must be an int that take_streams reserved (below {self._next_stream}), "
+                             f"got {stream!r}")
         seeds = seeds.to(self.device).long()
-        stream = self._next_stream
-        self._next_stream += 1
+        if stream is None:
+            stream = self._next_stream
+            self._next_stream += 1
         n_id, hops = _sampler._sample_blocks(self._rowptr, self._col, seeds, self.fanouts,
                                        self.seed % 2**64, stream, self.return_edge_ids)
         eids = self.graph.edge_ids

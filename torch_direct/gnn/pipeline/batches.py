@@ -75,14 +75,14 @@ class PipelinedBatches:
         from .distributed import pinned_graph
         from .features import make_feature_store
         from .loader import PipelinedLoader
+        from .options import uses_gpu_sampler
 
         cuda = device.type == "cuda"
         if args.pipeline == "gpu_resident" and not cuda:
             say("train: gpu_resident on the CPU keeps the features in host memory (no GPU here)", file=sys.stderr)
         graph_on_gpu = args.graph == "gpu"
         merge = args.merge_gathers or max(2, args.prefetch)
-        use_gpu_sampler = args.sampler == "gpu" or (
-            args.sampler == "auto" and cuda and (args.pipeline != "cpu_centric" or graph_on_gpu))
+        use_gpu_sampler = uses_gpu_sampler(args, cuda)
         if use_gpu_sampler:
             if args.pipeline == "gpu_resident" or graph_on_gpu:
                 graph = graph_to_gpu(ds.graph, device)

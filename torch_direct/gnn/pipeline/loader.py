@@ -33,7 +33,6 @@ dropping the loader stops it too. Stopping drops the queued batches, pinned buff
 from __future__ import annotations
 
 import queue
-from contextlib import nullcontext
 import threading
 import time
 import weakref
@@ -42,27 +41,11 @@ import torch
 
 from ..graph.sampler import seed_batches, seeds_per_shard
 from .features import FeatureStore, check_device
-from .stages import STAGES, Batch, Stages, batch_tensors, sampled_tensors  # noqa: F401  (Batch, STAGES: the loader's)
+from .sampling import END, Failure, put, sampling_threads, timed_samples
+from .stages import STAGES, Batch, Stages, batch_tensors  # noqa: F401  (Batch, STAGES: the loader's)
 from .timing import Timer, split_by_busy
 
 STREAM_PRIORITIES = ("normal", "high")
-_END = object()
-
-
-class _Failure:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
-def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
-    """Put ``item`` unless ``stop`` is set first; whether it went in."""
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 def _produce(stages: Stages, it, timer: Timer, q: queue.Queue, stop: threading.Event) -> None:
@@ -75,71 +58,11 @@ def _produce(stages: Stages, it, timer: Timer, q: queue.Queue, stop: threading.E
             item = next(it, None)
             if item is None:
                 break
-            if not _put(q, item, stop):
+            if not put(q, item, stop):
                 return
-        _put(q, _END, stop)
+        put(q, END, stop)
     except BaseException as e:  # noqa: BLE001 - handed to the training loop
-        _put(q, _Failure(e), stop)
-
-
-def _timed_samples(it, timer: Timer, stream):
-    """The sampled batches of ``it``, each draw timed as the ``sample`` stage on ``stream``
-    (drawing from ``it`` is the sampling; it runs in the caller's stream context)."""
-    while True:
-        t = timer.start(stream)
-        sb = next(it, None)
-        if sb is None:
-            return
-        timer.stop("sample", t, stream)
-        yield sb
-
-
-def _sample_ahead(stages: Stages, it, timer: Timer, q: queue.Queue, stop: threading.Event) -> None:
-    """The sampling thread's body (``sample_ahead``): the epoch's sampled batches, each with an
-    event recorded on the sampling stream after its work, into ``q``."""
-    try:
-        stream = stages.sample_stream
-        if stages.cuda:
-            torch.cuda.set_device(stages.device)
-        ctx = torch.cuda.stream(stream) if stages.cuda else nullcontext()
-        samples = _timed_samples(it, timer, stream)
-        with ctx:
-            while not stop.is_set():
-                sb = next(samples, None)
-                if sb is None:
-                    break
-                event = None
-                if stages.cuda:
-                    event = torch.cuda.Event()
-                    event.record(stream)
-                if not _put(q, (sb, event), stop):
-                    return
-        _put(q, _END, stop)
-    except BaseException as e:  # noqa: BLE001 - handed to the producer, then the training loop
-        _put(q, _Failure(e), stop)
-
-
-def _sampled_from(q: queue.Queue, stages: Stages, stop: threading.Event):
-    """The sampled batches the sampling thread queued, in order, each made safe to use on the
-    producer's stream (which waits for the batch's event; its tensors record that stream)."""
-    while True:
-        try:
-            item = q.get(timeout=0.05)
-        except queue.Empty:
-            if stop.is_set():
-                return
-            continue
-        if item is _END:
-            return
-        if isinstance(item, _Failure):
-            raise item.exc
-        sb, event = item
-        if event is not None:
-            stages.stream.wait_event(event)
-            for t in sampled_tensors(sb):
-                if t.is_cuda:                         # the GPU sampler's; a CPU sampler's are host tensors
-                    t.record_stream(stages.stream)
-        yield sb
+        put(q, Failure(e), stop)
 
 
 class _Epoch:
@@ -153,26 +76,22 @@ class _Epoch:
         self.done = False
         self.num_batches = len(seeds)
         self.stop = threading.Event()
-        self.thread = self.sampler_thread = None
-        sampled = stages.sample_iter(seeds)
+        self.thread = None
+        self.samplers: list = []   # (thread, queue) of each sampling thread
         if prefetch > 0 and stages.sample_ahead:
-            # Sampling runs ahead in a thread of its own: a batch's gather overlaps the next one's
-            # sampling instead of following it.
-            self.sq: queue.Queue = queue.Queue(maxsize=prefetch)
-            self.sampler_thread = threading.Thread(target=_sample_ahead, name="torch_direct-sampler",
-                                                   daemon=True,
-                                                   args=(stages, sampled, self.timer, self.sq, self.stop))
-            sampled = _sampled_from(self.sq, stages, self.stop)
+            # Sampling runs ahead in threads of its own (sampling.py): a batch's gather overlaps
+            # the next one's sampling instead of following it.
+            sampled, self.samplers = sampling_threads(stages, seeds, self.timer, prefetch, self.stop)
         else:  # sampled in the loader's thread, on its stream, as each batch is made
-            sampled = _timed_samples(sampled, self.timer, stages.stream)
+            sampled = timed_samples(stages.sample_iter(seeds), self.timer, stages.stream)
         self._it = stages.batch_iter(sampled, self.timer)
         if prefetch > 0:
             self.q: queue.Queue = queue.Queue(maxsize=prefetch)
             self.thread = threading.Thread(target=_produce, name="torch_direct-loader", daemon=True,
                                            args=(stages, self._it, self.timer, self.q, self.stop))
             weakref.finalize(self, self.stop.set)
-            if self.sampler_thread is not None:
-                self.sampler_thread.start()
+            for thread, _ in self.samplers:
+                thread.start()
             self.thread.start()
 
     def __iter__(self):
@@ -189,7 +108,7 @@ class _Epoch:
             if self.thread is None:
                 item = next(self._it, None)
                 if item is None:
-                    item = _END
+                    item = END
             else:
                 while True:
                     try:
@@ -197,14 +116,14 @@ class _Epoch:
                         break
                     except queue.Empty:
                         if not self.thread.is_alive():   # it always leaves an item; be safe anyway
-                            item = _Failure(RuntimeError("loader thread ended without a result"))
+                            item = Failure(RuntimeError("loader thread ended without a result"))
                             break
         finally:
             self.wait += time.perf_counter() - t0
-        if item is _END:
+        if item is END:
             self.close()
             raise StopIteration
-        if isinstance(item, _Failure):
+        if isinstance(item, Failure):
             self.close()
             raise item.exc
         batch, event = item
@@ -220,8 +139,7 @@ class _Epoch:
         """Stop the producer (and the sampling thread) and join them (idempotent)."""
         self.done = True
         self.stop.set()
-        for thread, q in ((self.thread, getattr(self, "q", None)),
-                          (self.sampler_thread, getattr(self, "sq", None))):
+        for thread, q in [(self.thread, getattr(self, "q", None))] + self.samplers:
             if thread is None:
                 continue
             while thread.is_alive():
@@ -250,10 +168,11 @@ class PipelinedLoader:
     batch. Every batch's ``x`` equals ``x[n_id]`` either way. ``shuffle``/``generator``/``drop_last``
     as in a DataLoader. ``shard=(rank, world)``: this process's share of the seeds (of the same
     shuffled order on every rank; cut to the same length on every rank when shuffling, so that
-    all take the same number of steps). ``sample_ahead``: sample in a thread (and CUDA stream) of
-    its own, up to ``prefetch`` batches ahead of the gathering thread, so that one batch's
-    gather overlaps the next one's sampling; the batches are the same. ``stream_priority``:
-    ``"high"`` puts the loader's CUDA streams at the device's highest priority, so that the
+    all take the same number of steps). ``sample_ahead``: sample in ``sample_ahead`` threads
+    (``True``: one), each with a CUDA stream of its own, up to ``prefetch`` batches ahead of the
+    gathering thread, so that one batch's gather overlaps the next one's sampling (more than one
+    thread: a ``GPUNeighborSampler`` only; see ``sampling.py``); the batches are the same.
+    ``stream_priority``: ``"high"`` puts the loader's CUDA streams at the device's highest priority, so that the
     GPU schedules their short kernels (sampling, gathers) ahead of the training step's waiting
     ones; ``"normal"`` (default) leaves them equal. Iterating starts an epoch; see the module
     docstring for streams, timing, errors and shutdown.
@@ -262,7 +181,7 @@ class PipelinedLoader:
     def __init__(self, sampler, features: FeatureStore, node_ids, batch_size: int, *, labels=None,
                  device=None, prefetch: int = 2, shuffle: bool = True, drop_last: bool = False,
                  generator: torch.Generator | None = None, merge_gathers: int = 1,
-                 shard: tuple[int, int] | None = None, sample_ahead: bool = False,
+                 shard: tuple[int, int] | None = None, sample_ahead: bool | int = False,
                  stream_priority: str = "normal"):
         if not isinstance(features, FeatureStore):
             raise TypeError(f"PipelinedLoader: features must be a FeatureStore, got {type(features).__name__}")
@@ -298,9 +217,18 @@ class PipelinedLoader:
         # CUDA's lower number is the higher priority; "high" takes the highest the device has.
         prio = torch.cuda.Stream.priority_range()[1] if self.cuda and stream_priority == "high" else 0
         self.stream = torch.cuda.Stream(self.device, priority=prio) if self.cuda else None
+        if isinstance(sample_ahead, bool):
+            sample_ahead = int(sample_ahead)
+        if not isinstance(sample_ahead, int) or sample_ahead < 0:
+            raise ValueError(f"PipelinedLoader: sample_ahead must be a bool or an int >= 0 (sampling threads), "
+                             f"got {sample_ahead!r}")
         if sample_ahead and prefetch == 0:
             raise ValueError("PipelinedLoader: sample_ahead needs prefetch > 0 (it is a thread of its own)")
-        self.sample_ahead = bool(sample_ahead)
+        if sample_ahead > 1 and not hasattr(sampler, "take_streams"):
+            raise ValueError(f"PipelinedLoader: sample_ahead={sample_ahead} needs a GPUNeighborSampler (its "
+                             f"batches are drawn one at a time, each from a stream numbered by its place); "
+                             f"{type(sampler).__name__} samples on every core already: use sample_ahead=1")
+        self.sample_ahead = sample_ahead
         self._stages = Stages(sampler, features, self.labels, self.device, self.stream,
                               merge_gathers, self.sample_ahead, prio)
         self._epoch: _Epoch | None = None

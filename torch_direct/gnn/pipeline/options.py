@@ -134,10 +134,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "One launch a step instead of hundreds (CUDA only; fp32 and tf32)")
     p.add_argument("--prefetch", type=nonneg_int, default=2,
                    help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
-    p.add_argument("--sample-ahead", action="store_true",
+    p.add_argument("--sample-ahead", type=positive(int), nargs="?", const=1, default=0, metavar="THREADS",
                    help="sample in a thread (and CUDA stream) of its own, up to --prefetch batches ahead of "
                         "the feature gather, so that one batch's gather overlaps the next one's sampling "
-                        "(the batches are the same); needs --prefetch > 0")
+                        "(the batches are the same); with THREADS > 1 (GPU sampler only) that many threads "
+                        "take batches in turn, so one's waits for its sizes overlap another's kernels; "
+                        "needs --prefetch > 0")
     p.add_argument("--loader-priority", choices=STREAM_PRIORITIES, default="normal",
                    help="priority of the loader's CUDA streams: high = the device's highest, so the GPU runs "
                         "the loader's short sampling and gather kernels ahead of the training step's waiting "
@@ -180,6 +182,13 @@ def resolve_device(name) -> torch.device:
     return check_device(dev)
 
 
+def uses_gpu_sampler(args, cuda: bool) -> bool:
+    """Whether a run samples with the GPU sampler: ``--sampler gpu``, or ``auto`` on a CUDA
+    device unless cpu_centric keeps its graph in host memory."""
+    return args.sampler == "gpu" or (args.sampler == "auto" and cuda
+                                     and (args.pipeline != "cpu_centric" or args.graph == "gpu"))
+
+
 def check_options(args, device) -> None:
     """Refuse, before any data is loaded, options that contradict each other or ``device``
     (one line each, naming the option)."""
@@ -199,6 +208,9 @@ def check_options(args, device) -> None:
                              "would be captured)")
     if args.sample_ahead and args.prefetch == 0:
         raise ValueError("--sample-ahead needs --prefetch > 0 (the sampling thread runs ahead of the loader's)")
+    if args.sample_ahead > 1 and not uses_gpu_sampler(args, device.type == "cuda"):
+        raise ValueError(f"--sample-ahead {args.sample_ahead} needs the GPU sampler (--sampler gpu, or a CUDA "
+                         f"device); the CPU sampler samples on every core already")
     if args.cache_mb and args.pipeline not in ("unified", "cpu_centric"):
         raise ValueError(f"--cache-mb does not apply to --pipeline {args.pipeline}: "
                          + ("its whole table is in GPU memory" if args.pipeline == "gpu_resident"

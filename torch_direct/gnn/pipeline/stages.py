@@ -51,16 +51,17 @@ class Stages:
     """What the producer needs to make a batch: sampler, store, labels, device, side stream,
     and how many batches share one merged feature gather (``merge``; 1 = none)."""
 
-    def __init__(self, sampler, features, labels, device, stream, merge: int = 1, sample_ahead: bool = False,
+    def __init__(self, sampler, features, labels, device, stream, merge: int = 1, sample_ahead: int = 0,
                  stream_priority: int = 0):
         self.sampler, self.features, self.labels = sampler, features, labels
         self.device, self.stream = device, stream
         self.cuda = device.type == "cuda"
         self.merge = merge
-        # Sampling in a thread of its own, on a stream of its own on CUDA.
-        self.sample_ahead = sample_ahead
-        self.sample_stream = (torch.cuda.Stream(device, priority=stream_priority)
-                              if sample_ahead and self.cuda else None)
+        # Sampling in sample_ahead threads of its own (0: in the producer), each on a stream of
+        # its own on CUDA.
+        self.sample_ahead = int(sample_ahead)
+        self.sample_streams = [torch.cuda.Stream(device, priority=stream_priority) if self.cuda else None
+                               for _ in range(self.sample_ahead)]
 
     def sample_iter(self, seeds):
         many = getattr(self.sampler, "sample_batches", None)
@@ -68,6 +69,17 @@ class Stages:
         for first in range(0, len(seeds), group):
             chunk = seeds[first:first + group]
             yield from (many(chunk) if many is not None else [self.sampler.sample(s) for s in chunk])
+
+    def sample_shares(self, seeds) -> list:
+        """One iterator per sampling thread: thread i samples batches i, i + k, ... of the
+        epoch, each from the random stream it would have had in order (the epoch's streams are
+        taken from the sampler up front)."""
+        k = self.sample_ahead
+        if k <= 1:
+            return [self.sample_iter(seeds)]
+        first = self.sampler.take_streams(len(seeds))
+        return [(self.sampler.sample(seeds[j], stream=first + j) for j in range(i, len(seeds), k))
+                for i in range(k)]
 
     def batch_iter(self, it, timer: Timer):
         """The epoch's ``(Batch, event)`` items, made from the sampled batches of ``it``."""
