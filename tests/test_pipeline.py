@@ -502,7 +502,7 @@ class TestPipelinedLoader(TestCase):
                 with PipelinedLoader(gs, store, self.ids, 128, labels=self.ds.y.cuda(), prefetch=2, shuffle=False,
                                      sample_ahead=ahead, stream_priority=priority) as loader:
                     # CUDA: a lower number is a higher priority; torch maps the request into its range
-                    streams = [loader.stream] + ([loader._stages.sample_stream] if ahead else [])
+                    streams = [loader.stream] + loader._stages.sample_streams
                     for st in streams:
                         if priority == "high":
                             self.assertLess(st.priority, 0)
