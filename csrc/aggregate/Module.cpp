@@ -9,21 +9,6 @@ PYBIND11_MODULE(_aggregate, m) {
   namespace agg = torch_direct::aggregate;
   using no_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.doc() = "Mean aggregation over a sampled block's edges without an edge-by-feature copy";
-  // torch's own Python errors for its typed checks (TORCH_CHECK_INDEX and the like), which
-  // pybind11 alone would raise as RuntimeError
-  pybind11::register_exception_translator([](std::exception_ptr error) {
-    try {
-      if (error) {
-        std::rethrow_exception(error);
-      }
-    } catch (const c10::IndexError& e) {
-      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
-    } catch (const c10::ValueError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
-    } catch (const c10::TypeError& e) {
-      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
-    }
-  });
   m.def("mean_forward", &agg::mean_forward, no_gil());
   m.def("mean_backward", &agg::mean_backward, no_gil());
 #ifdef TORCH_DIRECT_WITH_CUDA

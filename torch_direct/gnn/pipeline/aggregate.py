@@ -63,6 +63,29 @@ def mean_aggregate(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, n_dst:
     ops) or ``index_add`` (the stock ops). Differentiable in ``x``, once."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, got {implementation!r}")
+    n_dst = int(n_dst)
     if implementation == "fused" and fused_applies(x, src):
-        return _FusedMean.apply(x, src, dst, int(n_dst))
-    return index_add_mean(x, src, dst, int(n_dst))
+        check_edges(x, src, dst, n_dst)
+        return _FusedMean.apply(x, src, dst, n_dst)
+    return index_add_mean(x, src, dst, n_dst)
+
+
+def check_edges(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, n_dst: int) -> None:
+    """The fused kernels' inputs, refused with torch's error types before any work. The
+    indices' range is read on the CPU only: on a GPU the kernels assert it, as torch's own
+    index kernels do (reading it back would make the host wait in every layer)."""
+    if src.dim() != 1 or dst.dim() != 1 or src.numel() != dst.numel():
+        raise ValueError(f"mean_aggregate: src and dst must be one-dimensional and of one length, got shapes "
+                         f"{tuple(src.shape)} and {tuple(dst.shape)}")
+    if src.dtype != dst.dtype:
+        raise TypeError(f"mean_aggregate: src and dst must both be int64 or both int32, got {src.dtype} and "
+                        f"{dst.dtype}")
+    if src.device != x.device or dst.device != x.device:
+        raise ValueError(f"mean_aggregate: the edges are on {src.device} and {dst.device} but x on {x.device}")
+    if n_dst < 0:
+        raise ValueError(f"mean_aggregate: n_dst must be >= 0, got {n_dst}")
+    if x.device.type == "cpu" and src.numel():
+        for name, index, bound in (("src", src, x.size(0)), ("dst", dst, n_dst)):
+            low, high = (int(v) for v in torch.aminmax(index))
+            if low < 0 or high >= bound:
+                raise IndexError(f"mean_aggregate: {name} holds {low if low < 0 else high}, outside [0, {bound})")
