@@ -76,8 +76,24 @@ def _scaling(r):
     return f"{s(one, 1)} / {s(two, 1)} ({x(two / one, 2)}) / {s(four, 1)} ({x(four / one, 2)})"
 
 
-# (what was measured, the records, their figure(s) as the README writes them)
+PAPERS_GRAPHED = {"unified": "train_papers100M-like_graphed-86c4eed_unified_ahead3.json",
+                  "gpu_resident": "train_papers100M-like_graphed-86c4eed_gpu-resident_ahead3.json"}
+
+
+def _papers_graphed(r):
+    u, g = (epoch(r[PAPERS_GRAPHED[p]], p) for p in ("unified", "gpu_resident"))
+    acc = {r[PAPERS_GRAPHED[p]]["rows"][0]["test_acc"] for p in PAPERS_GRAPHED}
+    return f"{s(u, 2)} / {s(g, 2)} ({x(u / g, 2)}); test accuracy {' / '.join(f'{a:.4f}' for a in sorted(acc))}"
+
+
+# (what was measured, the records, their figure(s) as the README writes them); the first row
+# is on today's presets, the others on the presets of generator version 1
 ROWS = [
+    ("papers100M-like as OGB's (3.23 billion CSR entries; 28.4 GB of float16 features in host "
+     "memory), the step replayed as a CUDA graph, three sampling threads: unified with 47% of the "
+     "table cached on the GPU / all-in-GPU (unified against all-in-GPU)",
+     list(PAPERS_GRAPHED.values()),
+     _papers_graphed),
     ("products-like epoch: unified features / CPU-centric / PyG `NeighborLoader` / all-in-GPU",
      [PRODUCTS],
      lambda r: " / ".join(s(epoch(r[PRODUCTS], p), d) for p, d in
