@@ -422,6 +422,11 @@ class TestGatherKernelCUDA(TestCase):
             idx = torch.randint(0, 1000, (3000,), generator=g)
             self.assertEqual(torch_direct.gather(base.to("unified")[1:, 3:103], idx.cuda()).cpu(),
                              base[1:, 3:103][idx])
+            # a table in GPU memory (the gpu_resident feature store's): the same kernel, cast fused
+            for order in ("as_is", "sort"):
+                with self.subTest(gpu_table=order):
+                    got = torch_direct.gather(base.half().cuda(), idx.cuda(), dtype=torch.float32, order=order)
+                    self.assertEqual(got.cpu(), base.half()[idx].float())
         u = torch.randn(100, 8).to("unified")
         for bad, msg in (({"gather_kernel": "fastest"}, "gather_kernel must be rowblock or grid, not 'fastest'"),
                          ({"gather_window_rows": "-3"}, "gather_window_rows must be an integer >= 0, not '-3'"),

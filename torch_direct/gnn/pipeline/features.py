@@ -11,7 +11,8 @@ Three kinds (BENCHMARKS.md, "End-to-end GNN training"):
                   staging copy).
 ``cpu_centric``   the baseline: CPU threads slice the rows into a pinned buffer, then a DMA
                   copies it to the GPU (on the caller's stream, typically a side stream).
-``gpu_resident``  the whole table is copied to the GPU once; a gather is an ``index_select``.
+``gpu_resident``  the whole table is copied to the GPU once; a gather reads it there with
+                  ``torch_direct.gather`` (on a GPU one kernel, the cast fused).
 
 A table may be stored as float8 (e4m3) with a float32 scale per row
 (``torch_direct.quantize_rows_fp8``): ``make_feature_store(kind, q, device, scale=scale)``.
@@ -27,10 +28,8 @@ undirected graph's degree is the same ranking) are read once and served from the
 from the store. ``make_feature_store(..., cache_bytes=)`` builds it.
 
 On a machine without a GPU every kind gathers on the CPU (the unified table is then plain host
-memory), so pipelines and tests run the same code there.
-
-``to_pyg(store)`` (``pipeline/pyg.py``) wraps a store as a ``torch_geometric.data.FeatureStore``
-when PyG is installed.
+memory), so pipelines and tests run the same code there. ``to_pyg(store)`` (``pipeline/pyg.py``)
+wraps a store as a ``torch_geometric.data.FeatureStore`` when PyG is installed.
 """
 
 from __future__ import annotations
@@ -278,9 +277,10 @@ class GPUResidentFeatureStore(FeatureStore):
     def read(self, idx, device):
         if device != self.device:
             raise ValueError(f"GPUResidentFeatureStore: the table is on {self.device}, asked for {device}")
-        idx = idx.to(device, non_blocking=True)
-        rows = take_rows(self.table, idx)
-        return dequantize(rows, None if self.scale is None else torch.index_select(self.scale, 0, idx), self.dtype)
+        # casting (and scaling) each row as it is written (one kernel on a GPU), where index_select
+        # and .to() would write the rows twice, in the table's dtype and then in the store's
+        return torch_direct.gather(self.table, idx.to(device, non_blocking=True), dtype=self.dtype,
+                                   scale=self.scale, order="as_is")
 
 
 def _check_cache_args(cache_bytes, degree, num_rows, who: str):
