@@ -66,6 +66,24 @@ class _Cases:
         self.check(200, 60, 9, 96, dtype=torch.bfloat16)
         self.check(200, 60, 9, 96, index=torch.int32)
 
+    def test_float16_rows_give_float32_means(self):
+        src, dst = block(200, 60, 9, device=self.device)
+        x = torch.randn(200, 64).half().to(self.device).requires_grad_()
+        out = mean_aggregate(x, src, dst, 60, dtype=torch.float32)
+        self.assertEqual(out.dtype, torch.float32)
+        self.assertEqual(out, index_add_mean(x.detach().float(), src, dst, 60), atol=1e-5, rtol=1e-5)
+        out.sum().backward()
+        self.assertEqual(x.grad.dtype, torch.float16)
+        ref = x.detach().float().requires_grad_()
+        index_add_mean(ref, src, dst, 60).sum().backward()
+        self.assertEqual(x.grad.float(), ref.grad, atol=1e-3, rtol=1e-3)
+        # the layer takes float16 rows as the float32 rows they equal
+        torch.manual_seed(0)
+        layer = SAGELayer(64, 16).to(self.device)
+        edge_index = torch.stack([src, dst])
+        self.assertEqual(layer(x.detach(), edge_index, (200, 60)), layer(x.detach().float(), edge_index, (200, 60)),
+                         atol=1e-5, rtol=1e-5)
+
     def test_no_edges_gives_zeros(self):
         x = torch.randn(10, 8, device=self.device, requires_grad=True)
         empty = torch.empty(0, dtype=torch.int64, device=self.device)

@@ -104,6 +104,17 @@ class TestTrain(TestCase):
         half, _ = self.quiet_run("--epochs", "1", "--device", "cpu", "--feature-dtype", "fp16")
         self.assertEqual(half["feature_dtype"], "float16")
 
+    def test_builtin_layers_take_a_half_table_as_it_is(self):
+        from types import SimpleNamespace as Args
+        builtin, pyg = Args(layers="builtin", model="sage"), Args(layers="pyg", model="sage")
+        for table in (torch.float16, torch.bfloat16):
+            self.assertEqual(batches.batch_dtype(builtin, table, None), table)
+            self.assertEqual(batches.batch_dtype(pyg, table, None), torch.float32)      # PyG's convs
+        self.assertEqual(batches.batch_dtype(builtin, torch.float32, None), torch.float32)
+        self.assertEqual(batches.batch_dtype(builtin, torch.float8_e4m3fn, torch.ones(3)), torch.float32)
+        self.assertEqual(batches.batch_dtype(Args(layers="builtin", model="gat"), torch.float16, None),
+                         torch.float32)
+
     def test_sample_ahead_trains_the_same(self):
         # Sampling in its own thread changes when batches are made, not what they are; so does the
         # loader's stream priority (no stream on the CPU: recorded, no effect).

@@ -147,7 +147,7 @@ std::pair<at::Tensor, at::Tensor> mean_forward(const at::Tensor& x, const at::Te
     degree.index_add_(0, d, at::ones({d.numel()}, degree.options()));
   }
   sums.div_(degree.clamp_min(1).unsqueeze(1));
-  return {sums.to(x.scalar_type()), degree};
+  return {sums, degree};
 }
 
 at::Tensor mean_backward(const at::Tensor& grad_out, const at::Tensor& degree, const at::Tensor& src,
@@ -173,7 +173,7 @@ at::Tensor mean_backward(const at::Tensor& grad_out, const at::Tensor& degree, c
       scatter_rows_cpu(scaled, src.contiguous(), dst.contiguous(), grad_x);
     }
   }
-  return grad_x.to(grad_out.scalar_type());
+  return grad_x;
 }
 
 } // namespace torch_direct::aggregate

@@ -16,11 +16,12 @@
 
 namespace torch_direct::aggregate {
 
-// (out in x's dtype [n_dst, F], degree as float32 [n_dst]); x [n_src, F] float32,
-// float16 or bfloat16; src/dst int64 or int32, one dimension, the same length.
+// (out [n_dst, F], degree [n_dst]), both float32 (the sums are kept in float32 whatever x's
+// dtype); x [n_src, F] float32, float16 or bfloat16; src/dst int64 or int32, one dimension,
+// the same length.
 std::pair<at::Tensor, at::Tensor> mean_forward(const at::Tensor& x, const at::Tensor& src, const at::Tensor& dst,
                                                int64_t n_dst);
-// grad_x [n_src, F] in grad_out's dtype, from grad_out [n_dst, F] and the forward's degree.
+// grad_x [n_src, F] as float32, from grad_out [n_dst, F] and the forward's degree.
 at::Tensor mean_backward(const at::Tensor& grad_out, const at::Tensor& degree, const at::Tensor& src,
                          const at::Tensor& dst, int64_t n_src);
 

@@ -22,19 +22,20 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 class _FusedMean(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, src, dst, n_dst):
-        out, degree = _aggregate.mean_forward(x, src, dst, n_dst)
+    def forward(ctx, x, src, dst, n_dst, dtype):
+        out, degree = _aggregate.mean_forward(x, src, dst, n_dst)   # float32 sums and degrees
         ctx.save_for_backward(degree, src, dst)
-        ctx.n_src = x.size(0)
-        return out
+        ctx.n_src, ctx.x_dtype = x.size(0), x.dtype
+        return out.to(dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None
+            return None, None, None, None, None
         degree, src, dst = ctx.saved_tensors
-        return _aggregate.mean_backward(grad_out.contiguous(), degree, src, dst, ctx.n_src), None, None, None
+        grad_x = _aggregate.mean_backward(grad_out.contiguous(), degree, src, dst, ctx.n_src)
+        return grad_x.to(ctx.x_dtype), None, None, None, None
 
 
 def index_add_mean(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, n_dst: int) -> torch.Tensor:
@@ -56,18 +57,20 @@ def fused_applies(x: torch.Tensor, src: torch.Tensor) -> bool:
 
 
 def mean_aggregate(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, n_dst: int,
-                   implementation: str = "fused") -> torch.Tensor:
-    """``[n_dst, x.size(1)]`` means of ``x``'s rows over the edges ``src -> dst``, in ``x``'s dtype.
+                   implementation: str = "fused", dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``[n_dst, x.size(1)]`` means of ``x``'s rows over the edges ``src -> dst``, as ``dtype``
+    (default ``x``'s; the fused kernels sum in float32 either way, so float16 rows can give
+    float32 means without a float32 copy of the rows).
 
     ``implementation``: ``fused`` (the kernels, where :func:`fused_applies`; else the stock
     ops) or ``index_add`` (the stock ops). Differentiable in ``x``, once."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, got {implementation!r}")
-    n_dst = int(n_dst)
+    n_dst, dtype = int(n_dst), dtype or x.dtype
     if implementation == "fused" and fused_applies(x, src):
         check_edges(x, src, dst, n_dst)
-        return _FusedMean.apply(x, src, dst, n_dst)
-    return index_add_mean(x, src, dst, n_dst)
+        return _FusedMean.apply(x, src, dst, n_dst, dtype)
+    return index_add_mean(x.to(dtype), src, dst, n_dst)
 
 
 def check_edges(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, n_dst: int) -> None:

@@ -45,9 +45,10 @@ class SAGELayer(nn.Module):
         self.aggregate = aggregate
 
     def forward(self, x, edge_index, size):
-        n_dst = size[1]
-        agg = mean_aggregate(x, edge_index[0], edge_index[1], n_dst, self.aggregate)
-        return self.lin_l(agg) + self.lin_r(x[:n_dst])
+        # float16 or bfloat16 rows (the feature table's own) meet float32 weights as float32
+        n_dst, dtype = size[1], torch.promote_types(x.dtype, self.lin_l.weight.dtype)
+        agg = mean_aggregate(x, edge_index[0], edge_index[1], n_dst, self.aggregate, dtype=dtype)
+        return self.lin_l(agg) + self.lin_r(x[:n_dst].to(dtype))
 
 
 class PyGLayer(nn.Module):
