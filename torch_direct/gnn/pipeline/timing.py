@@ -3,6 +3,7 @@ epoch's exposed time over the loader stages, and a profiler over a window of ste
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ class Timer:
         self.cuda, self.host_floor, self.blocking = bool(cuda), host_floor, blocking
         self.seconds = dict.fromkeys(keys, 0.0)
         self.events: list = []
+        self._lock = threading.Lock()   # several sampling threads stop sections of one key
 
     def start(self, stream=None):
         ev = None
@@ -42,7 +44,8 @@ class Timer:
             ev.record(stream)
             self.events.append((key, ev0, ev, host))
         else:
-            self.seconds[key] = self.seconds.get(key, 0.0) + host
+            with self._lock:
+                self.seconds[key] = self.seconds.get(key, 0.0) + host
 
     def totals(self) -> dict:
         """Seconds per key so far (waits for the GPU to reach the last recorded event)."""
