@@ -45,7 +45,9 @@ import torch_direct  # noqa: E402
 from torch_direct.gnn.graph import GPUNeighborSampler, load_dataset  # noqa: E402
 from torch_direct.gnn.progress import progress  # noqa: E402
 from torch_direct.gnn.pipeline.features import make_feature_store  # noqa: E402
+from torch_direct.gnn.pipeline.graphed import GraphedStep  # noqa: E402
 from torch_direct.gnn.pipeline.loader import STREAM_PRIORITIES, PipelinedLoader  # noqa: E402
+from torch_direct.gnn.pipeline.stages import Batch  # noqa: E402
 from torch_direct.gnn.pipeline.batches import feature_table, graph_to_gpu  # noqa: E402
 from torch_direct.gnn.pipeline.aggregate import IMPLEMENTATIONS as AGGREGATIONS  # noqa: E402
 from torch_direct.gnn.pipeline.models import (GNN, LAYERS, MODELS, PRECISIONS, SAGELayer,  # noqa: E402
@@ -88,6 +90,9 @@ def parse(argv=None):
     p.add_argument("--aggregate", type=_choices("aggregations", AGGREGATIONS), default=["fused"],
                    help="the built-in SAGE layer's mean aggregation, comma-separated to compare: fused "
                         "(the kernels) or index_add (index_select + index_add_) (default: fused)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="replay each training step as a CUDA graph, as train --cuda-graph does (captured "
+                        "during the warm-up; CUDA only; fp32 and tf32)")
     p.add_argument("--loader-priority", type=_choices("priorities", STREAM_PRIORITIES), default=["normal"],
                    help="comma-separated priorities of the loader's CUDA streams in the together parts, as "
                         "train's --loader-priority (default: normal)")
@@ -115,6 +120,8 @@ def parse(argv=None):
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
         if getattr(a, name) and a.store != "unified":
             p.error(f"--{name.replace('_', '-')} applies to --store unified only")
+    if a.cuda_graph and "bf16" in a.precision:
+        p.error("--cuda-graph does not apply to --precision bf16 (autocast's weight cache would be captured)")
     if a.feature_dtype == "fp8" and a.gather_cpu_threads:
         p.error("--gather-cpu-threads does not apply to --feature-dtype fp8 (the hybrid gather reads plain rows)")
     return a
@@ -142,22 +149,28 @@ def measure(precision, layers, aggregate, priority, ds, device, sampler, store, 
     for layer in model.layers:
         if isinstance(layer, SAGELayer):
             layer.aggregate = aggregate
-    opt = make_optimizer(model, 3e-3)
+    opt = make_optimizer(model, 3e-3, capturable=a.cuda_graph)
+    graphed = GraphedStep(model, opt, a.batch_size) if a.cuda_graph else None
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
     on_side = (lambda: torch.cuda.stream(side)) if side is not None else nullcontext  # noqa: E731
 
-    def step(x, adjs, y):
+    def step(b):
+        if graphed is not None:
+            graphed(b)
+            return
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x, adjs), y, ignore_index=-1)
+        loss = F.cross_entropy(model(b.x, b.adjs), b.y, ignore_index=-1)
         loss.backward()
         opt.step()
+
+    def batch(sb):
+        return Batch(store.gather(sb.n_id, device), labels[sb.n_id[:sb.batch_size]], sb.adjs, sb.batch_size, sb.n_id)
 
     parts, sampled = {}, []
     with model_precision(precision, device):
         # warm-up: a few batches through every part (allocator, kernels, autotuning, PyG's first calls)
         for s in batches[:a.warmup]:
-            sb = sampler.sample(s)
-            step(store.gather(sb.n_id, device), sb.adjs, labels[sb.n_id[:sb.batch_size]])
+            step(batch(sampler.sample(s)))
 
         def sample_all():
             with on_side(), progress(n_batches, f"{precision} sample", show) as bar:
@@ -199,15 +212,13 @@ def measure(precision, layers, aggregate, priority, ds, device, sampler, store, 
         parts["sample_gather"] = seconds(device, sample_gather_all)
         previous.clear()
 
-        cached = []
-        for sb in sampled[:a.cached]:
-            cached.append((store.gather(sb.n_id, device), sb.adjs, labels[sb.n_id[:sb.batch_size]]))
+        cached = [batch(sb) for sb in sampled[:a.cached]]
         sampled.clear()
 
         def steps_alone():
             with progress(n_batches, f"{precision} step", show) as bar:
                 for i in range(n_batches):
-                    step(*cached[i % len(cached)])
+                    step(cached[i % len(cached)])
                     bar.update(1)
         parts["step"] = seconds(device, steps_alone)
         cached.clear()   # the cached batches go before the pipelined parts
@@ -219,13 +230,14 @@ def measure(precision, layers, aggregate, priority, ds, device, sampler, store, 
             def pipelined():
                 with loader, progress(n_batches, f"{precision} {name}", show) as bar:
                     for b in loader:
-                        step(b.x, b.adjs, b.y)
+                        step(b)
                         bar.update(1)
             parts[name] = seconds(device, pipelined)
     ms = {k: v / n_batches * 1e3 for k, v in parts.items()}
     alone = ms["sample"] + ms["gather"] + ms["step"]
     info = getattr(store, "stats", None)
     return {"precision": precision, "layers": model.backend, "ms_per_batch": ms,
+            "cuda_graph": graphed.stats() if graphed is not None else None,
             "together_over_sum": ms["together"] / alone, "together_ahead_over_sum": ms["together_ahead"] / alone,
             "max_part_over_sum": max(ms["sample"], ms["gather"], ms["step"]) / alone,
             "store_stats": info() if callable(info) else None}
@@ -254,6 +266,8 @@ def main(argv=None):
     device = resolve_device(a.device)
     for precision in a.precision:                 # before any data is loaded
         check_precision(precision, device)
+    if a.cuda_graph and device.type != "cuda":
+        raise ValueError(f"--cuda-graph needs a CUDA device (it replays the step as a CUDA graph), not {device}")
     show = not a.no_progress
     ds = load_dataset(a.dataset, root=a.root, show_progress=show)
     train_ids = ds.split["train"]

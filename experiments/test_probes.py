@@ -52,6 +52,8 @@ class TestStepFloorProbe(TestCase):
                               (["--precision", "fp32,fp8"], "expected comma-separated precisions"),
                               (["--layers", "dgl"], "expected comma-separated layers"),
                               (["--aggregate", "sum"], "expected comma-separated aggregations"),
+                              (["--device", "cpu", "--cuda-graph"], "--cuda-graph needs a CUDA device"),
+                              (["--cuda-graph", "--precision", "fp32,bf16"], "does not apply to --precision bf16"),
                               (["--sampler-waits", "none"], "expected comma-separated settings"),
                               (["--sampler-relabel", "radix"], "expected comma-separated settings"),
                               (["--loader-priority", "low"], "expected comma-separated priorities"),
