@@ -2,7 +2,7 @@
 their optimizer, and the arithmetic precision a run uses.
 
 PyG's convs when torch_geometric is installed (``layers="pyg"``), else a built-in GraphSAGE
-(mean aggregation in plain torch ops) so training runs anywhere.
+(mean aggregation in the fused kernels of ``aggregate.py``, CPU and CUDA) so training runs anywhere.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def have_pyg() -> bool:
 
 
 class SAGELayer(nn.Module):
-    """GraphSAGE with mean aggregation on a bipartite block, in plain torch ops and the fused
-    mean (:mod:`.aggregate`): ``out = W_l mean_{u in N(v)} x_u + W_r x_v``. ``aggregate``:
+    """GraphSAGE with mean aggregation on a bipartite block: the fused mean (:mod:`.aggregate`)
+    and two linear layers: ``out = W_l mean_{u in N(v)} x_u + W_r x_v``. ``aggregate``:
     ``fused`` or ``index_add`` (:func:`.aggregate.mean_aggregate`)."""
 
     def __init__(self, in_dim: int, out_dim: int, aggregate: str = "fused"):

@@ -20,7 +20,7 @@ measured on products-like (one H200, docs/pipeline.md): ``--graph gpu --reorder 
 --sample-ahead --cache-mb 512``, within 1.15x of gpu_resident's epoch.
 
 Models: GraphSAGE, GAT and GIN from PyG when torch_geometric is installed; without it a
-built-in GraphSAGE (mean aggregation, plain torch ops) so the command runs anywhere.
+built-in GraphSAGE (mean aggregation in fused CPU/CUDA kernels) so the command runs anywhere.
 
 Several GPUs: ``torchrun --nproc-per-node=N -m torch_direct train ...`` runs one process per
 GPU (DistributedDataParallel over NCCL) over one host copy of the data set per node
