@@ -99,6 +99,23 @@ class _Cases:
         (mean_aggregate(x, src, dst, 20) * w).sum().backward()
         self.assertEqual(w.grad, (index_add_mean(x, src, dst, 20)).sum(0))
 
+    def test_the_layer_computes_graphsage(self):
+        torch.manual_seed(0)
+        layer = SAGELayer(32, 16).to(self.device)
+        src, dst = block(120, 40, 10, device=self.device)
+        x = torch.randn(120, 32, device=self.device, requires_grad=True)
+        out = layer(x, torch.stack([src, dst]), (120, 40))
+        ref_x = x.detach().clone().requires_grad_()
+        w_l, b_l, w_r = (t.detach().clone().requires_grad_() for t in (layer.lin_l.weight, layer.lin_l.bias,
+                                                                        layer.lin_r.weight))
+        ref = index_add_mean(ref_x, src, dst, 40) @ w_l.t() + b_l + ref_x[:40] @ w_r.t()
+        self.assertEqual(out, ref, atol=1e-5, rtol=1e-5)
+        out.square().sum().backward()
+        ref.square().sum().backward()
+        self.assertEqual(x.grad, ref_x.grad, atol=1e-4, rtol=1e-4)
+        for p, q in ((layer.lin_l.weight, w_l), (layer.lin_l.bias, b_l), (layer.lin_r.weight, w_r)):
+            self.assertEqual(p.grad, q.grad, atol=1e-4, rtol=1e-4)
+
     def test_the_layer_is_the_same_with_either_aggregation(self):
         torch.manual_seed(0)
         fused = SAGELayer(32, 16).to(self.device)

@@ -48,7 +48,11 @@ class SAGELayer(nn.Module):
         # float16 or bfloat16 rows (the feature table's own) meet float32 weights as float32
         n_dst, dtype = size[1], torch.promote_types(x.dtype, self.lin_l.weight.dtype)
         agg = mean_aggregate(x, edge_index[0], edge_index[1], n_dst, self.aggregate, dtype=dtype)
-        return self.lin_l(agg) + self.lin_r(x[:n_dst].to(dtype))
+        out, x_dst = self.lin_l(agg), x[:n_dst].to(dtype)
+        if torch.is_autocast_enabled(x.device.type) or out.dtype != x_dst.dtype:
+            return out + self.lin_r(x_dst)
+        # W_r x_v added by the second matmul itself: no second [n_dst, out] product, no add
+        return out.addmm_(x_dst, self.lin_r.weight.t())
 
 
 class PyGLayer(nn.Module):
