@@ -111,7 +111,11 @@ class TestTrain(TestCase):
             self.assertEqual(batches.batch_dtype(builtin, table, None), table)
             self.assertEqual(batches.batch_dtype(pyg, table, None), torch.float32)      # PyG's convs
         self.assertEqual(batches.batch_dtype(builtin, torch.float32, None), torch.float32)
-        self.assertEqual(batches.batch_dtype(builtin, torch.float8_e4m3fn, torch.ones(3)), torch.float32)
+        fp8, scale = torch.float8_e4m3fn, torch.ones(3)
+        self.assertEqual(batches.batch_dtype(builtin, fp8, scale), torch.float32)
+        self.assertEqual(batches.batch_dtype(builtin, fp8, scale, torch.float32), torch.float32)
+        self.assertEqual(batches.batch_dtype(builtin, fp8, scale, torch.float16), torch.float16)   # its source's
+        self.assertEqual(batches.batch_dtype(pyg, fp8, scale, torch.float16), torch.float32)
         self.assertEqual(batches.batch_dtype(Args(layers="builtin", model="gat"), torch.float16, None),
                          torch.float32)
 

@@ -66,15 +66,20 @@ def feature_table(x: torch.Tensor, feature_dtype: str, where: str, say=print, sh
     return q, scale
 
 
-def batch_dtype(args, table_dtype: torch.dtype, scale) -> torch.dtype:
+def batch_dtype(args, table_dtype: torch.dtype, scale, source_dtype: torch.dtype | None = None) -> torch.dtype:
     """The dtype of a batch's features: float32, but a float16 or bfloat16 table's own for the
     built-in GraphSAGE layers, which sum those rows in float32 as they read them (half the
-    bytes to gather, copy and read; the same logits). PyG's layers take float32."""
+    bytes to gather, copy and read; the same logits). A float8 table (``scale``) made from a
+    float16 or bfloat16 one (``source_dtype``) is read back as that: its rows times their scales
+    are at most the source rows' largest values, so they fit. PyG's layers take float32."""
     from .models import have_pyg
+    halves = (torch.float16, torch.bfloat16)
     builtin = args.layers == "builtin" or (args.layers == "auto" and not have_pyg())
-    if builtin and args.model == "sage" and scale is None and table_dtype in (torch.float16, torch.bfloat16):
-        return table_dtype
-    return torch.float32
+    if not builtin or args.model != "sage":
+        return torch.float32
+    if scale is None:
+        return table_dtype if table_dtype in halves else torch.float32
+    return source_dtype if source_dtype in halves else torch.float32
 
 
 class PipelinedBatches:
@@ -109,7 +114,7 @@ class PipelinedBatches:
         x, scale = feature_table(ds.x, getattr(args, "feature_dtype", "stored"),
                                  "unified" if args.pipeline == "unified" and ctx is None else "cpu", say,
                                  show=not getattr(args, "no_progress", False))
-        self.store = make_feature_store(args.pipeline, x, device, batch_dtype(args, x.dtype, scale), scale=scale,
+        self.store = make_feature_store(args.pipeline, x, device, batch_dtype(args, x.dtype, scale, ds.x.dtype), scale=scale,
                                         cache_bytes=args.cache_mb << 20,
                                         # ranked by how often the sampler reads a row (its outermost
                                         # hop reads the most rows), not by row length
