@@ -86,14 +86,28 @@ def _papers_graphed(r):
     return f"{s(u, 2)} / {s(g, 2)} ({x(u / g, 2)}); test accuracy {' / '.join(f'{a:.4f}' for a in sorted(acc))}"
 
 
-# (what was measured, the records, their figure(s) as the README writes them); the first row
-# is on today's presets, the others on the presets of generator version 1
+PRODUCTS_OGB = ("train_products-like_fused-9577d83_unified-gpu-resident.json",
+                "train_products-like_fused-9577d83_cpu-centric.json")
+
+
+def _products_ogb(r):
+    both, cpu = (r[n] for n in PRODUCTS_OGB)
+    u, g, c = epoch(both, "unified"), epoch(both, "gpu_resident"), epoch(cpu, "cpu_centric")
+    return f"{s(u, 2)} / {s(g, 2)} ({x(u / g, 2)}) / {s(c, 2)} (unified {x(c / u, 2)} faster)"
+
+
+# (what was measured, the records, their figure(s) as the README writes them); the first two
+# rows are on today's presets, the others on the presets of generator version 1
 ROWS = [
     ("papers100M-like as OGB's (3.23 billion CSR entries; 28.4 GB of float16 features in host "
      "memory), the step replayed as a CUDA graph, three sampling threads: unified with 47% of the "
      "table cached on the GPU / all-in-GPU (unified against all-in-GPU)",
      list(PAPERS_GRAPHED.values()),
      _papers_graphed),
+    ("products-like as OGB's (123.7 million CSR entries), one run each, eager step, 512 MiB GPU cache: "
+     "unified / all-in-GPU (unified against it) / CPU-centric",
+     list(PRODUCTS_OGB),
+     _products_ogb),
     ("products-like epoch: unified features / CPU-centric / PyG `NeighborLoader` / all-in-GPU",
      [PRODUCTS],
      lambda r: " / ".join(s(epoch(r[PRODUCTS], p), d) for p, d in
