@@ -59,9 +59,9 @@
 # - gather-shapes: experiments/gather_shape_probe.py (CuPy read kernels of other shapes against stock
 #   index_select on a sorted index, 32 GB table).
 # - papers-graphed: papers100M-like, CSR on the GPU, the step replayed as a CUDA graph
-#   (--cuda-graph --sample-ahead --layers builtin): gpu_resident, then unified with a cache of
-#   CACHE_MB MiB (default 13500: under half of the 28.4 GB table) and 12 hybrid threads, the
-#   model in PRECISION (fp32 or tf32; default fp32);
+#   (--cuda-graph --layers builtin, AHEAD sampling threads, default 3): gpu_resident, then unified
+#   with a cache of CACHE_MB MiB (default 13500: under half of the 28.4 GB table) and 12 hybrid
+#   threads, the model in PRECISION (fp32 or tf32; default fp32);
 #   papers-graphed-levers: that unified run under each experimental setting of LEVERS (default:
 #   sampler_relabel=hash, then feature_pages=huge).
 # - unified-probe: experiments/step_floor_probe.py on papers100M-like with --store unified (cache
@@ -246,13 +246,13 @@ case "$what" in
       --test-nodes 100000 ;;
   papers-graphed)  # the graphed step with its padding spread over rows (docs/pipeline.md)
     papers_data_once
-    common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph --sample-ahead --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32}"
+    common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32}"
     bench papers100M-like_graphed_gpu-resident 150 $common --pipelines gpu_resident
     bench papers100M-like_graphed_unified 200 $common --pipelines unified --cache-mb "${CACHE_MB:-13500}" \
       --gather-cpu-threads 12 ;;
   papers-graphed-levers)  # the same unified run with each experimental lever (docs/pipeline.md, docs/gather.md)
     papers_data_once
-    common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph --sample-ahead --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32}"
+    common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32}"
     for lever in ${LEVERS:-sampler_relabel=hash feature_pages=huge}; do
       TORCH_DIRECT_EXPERIMENTAL=$lever bench "papers100M-like_graphed_unified_${lever//=/-}" 200 $common \
         --pipelines unified --cache-mb "${CACHE_MB:-13500}" --gather-cpu-threads 12
