@@ -422,6 +422,21 @@ class TestPipelinedLoader(TestCase):
                     self.assertEqual(a1, a2)
         self.assertNotEqual(one[0][0][0], one[1][0][0])   # each epoch its own batches
 
+    def test_batches_sampled_together_are_the_same(self):
+        from torch_direct.gnn.graph import GPUNeighborSampler
+        epochs = {}
+        for per_call in (1, 3):
+            gs = GPUNeighborSampler(self.ds.graph, [5, 3], seed=2, device="cpu", batches_per_call=per_call)
+            with self.loader(gs, prefetch=2, sample_ahead=True, generator=torch.Generator().manual_seed(1)) as ld:
+                epochs[per_call] = [(b.n_id, b.adjs[0][0]) for b in ld]
+        self.assertEqual(len(epochs[1]), len(epochs[3]))
+        for (n1, e1), (n3, e3) in zip(epochs[1], epochs[3]):
+            self.assertEqual(n1, n3)
+            self.assertEqual(e1, e3)
+        gs = GPUNeighborSampler(self.ds.graph, [5, 3], device="cpu", batches_per_call=2)
+        with self.assertRaisesRegex(ValueError, "sample_ahead > 1 takes one batch per sampler call"):
+            self.loader(gs, prefetch=2, sample_ahead=2)
+
     def test_sampling_thread_errors_surface_and_stop_the_others(self):
         from torch_direct.gnn.graph import GPUNeighborSampler
 

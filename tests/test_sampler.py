@@ -413,6 +413,36 @@ class BlockSamplerChecks:
         with self.assertRaisesRegex(ValueError, "take_streams: n must be an int >= 0"):
             e.take_streams(-1)
 
+    def test_many_batches_at_once_are_the_batches_one_at_a_time(self):
+        for col_dtype in (torch.int64, torch.int32):
+            graph = random_graph(num_nodes=2000, num_edges=40000, col_dtype=col_dtype)
+            gen = torch.Generator().manual_seed(1)
+            batches = [torch.randperm(2000, generator=gen)[:n] for n in (256, 1, 0, 100, 256)]
+            for fanouts in ([15, 10, 5], [-1, 3], [0, 4], [200, 2]):
+                one = self.sampler(graph, fanouts, seed=3, return_edge_ids=True)
+                many = self.sampler(graph, fanouts, seed=3, return_edge_ids=True, batches_per_call=5)
+                singles = [one.sample(b).to("cpu") for b in batches]
+                together = [b.to("cpu") for b in many.sample_batches(batches)]
+                self.assertEqual(len(together), len(batches))
+                for a, b in zip(singles, together):
+                    self.assertEqual(a.n_id, b.n_id, msg=str(fanouts))
+                    self.assertEqual(a.batch_size, b.batch_size)
+                    for x, y in zip(a.hops, b.hops):
+                        self.assertEqual(x.edge_index, y.edge_index, msg=str(fanouts))
+                        self.assertEqual(x.size, y.size)
+                        self.assertEqual(x.e_id, y.e_id)
+                # the streams continue where the batches left them
+                self.assertEqual(one.sample(batches[0]).n_id.cpu(), many.sample(batches[0]).n_id.cpu())
+        sampler = self.sampler(random_graph(), [2], batches_per_call=2)
+        with self.assertRaisesRegex(IndexError, "seed node -1 is out of range"):
+            sampler.sample_batches([[0, 1], [-1, 5]])
+        with self.assertRaisesRegex(ValueError, "appears twice"):
+            sampler.sample_batches([[0, 1], [3, 4, 3]])
+        self.assertEqual(sampler.sample_batches([[0, 1], [0, 1]])[1].n_id[:2].tolist(), [0, 1])  # per batch
+        self.assertEqual(sampler.sample_batches([]), [])
+        with self.assertRaisesRegex(ValueError, "batches_per_call must be an int >= 1"):
+            self.sampler(random_graph(), [2], batches_per_call=0)
+
     def test_loader_and_edge_ids(self):
         graph = CSRGraph.from_edge_index(torch.tensor([[1, 2, 3, 0, 0], [0, 0, 0, 1, 2]]), 4,
                                          keep_edge_ids=True)

@@ -130,6 +130,8 @@ class TestTrain(TestCase):
         self.assertEqual(recs[2]["loader_priority"], "high")
         with self.assertRaisesRegex(ValueError, "--sample-ahead 2 needs the GPU sampler"):
             self.quiet_run("--epochs", "1", "--device", "cpu", "--sample-ahead", "2")
+        with self.assertRaisesRegex(ValueError, "--sampler-batches applies to the GPU sampler"):
+            self.quiet_run("--epochs", "1", "--device", "cpu", "--sampler-batches", "4")
 
     def test_profile_writes_the_top_operators(self):
         n_train = self.ds.split["train"].numel()
@@ -448,6 +450,11 @@ class TestTrain(TestCase):
         # three sampling threads taking the batches in turn: the same batches, so the same loss
         ahead, _ = self.quiet_run("--epochs", "1", "--device", "cuda", "--graph", "gpu", "--sample-ahead", "3")
         self.assertEqual(ahead["epochs"][0]["loss"], recs["gpu"]["epochs"][0]["loss"], atol=1e-4, rtol=1e-4)
+        # four batches a sampler call: the same batches too
+        grouped, _ = self.quiet_run("--epochs", "1", "--device", "cuda", "--graph", "gpu", "--sampler-batches", "4")
+        self.assertEqual(grouped["epochs"][0]["loss"], recs["gpu"]["epochs"][0]["loss"], atol=1e-4, rtol=1e-4)
+        with self.assertRaisesRegex(ValueError, "do not go together"):
+            self.quiet_run("--epochs", "1", "--device", "cuda", "--sampler-batches", "4", "--sample-ahead", "2")
 
 
 if __name__ == "__main__":

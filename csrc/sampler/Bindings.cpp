@@ -57,6 +57,21 @@ void bind(pybind11::module& m) {
           }
           return to_python(result);
         });
+  m.def("_sample_blocks_many",
+        [](const at::Tensor& rowptr, const at::Tensor& col, const std::vector<at::Tensor>& seeds,
+           const std::vector<int64_t>& fanouts, uint64_t seed, const std::vector<int64_t>& streams,
+           bool return_slots) {
+          std::vector<SampledBatch> result;
+          {
+            py::gil_scoped_release no_gil;
+            result = sample_blocks_many(rowptr, col, seeds, fanouts, seed, streams, return_slots);
+          }
+          py::list out;
+          for (const auto& b : result) {
+            out.append(to_python(b));
+          }
+          return out;
+        });
   m.def("_sampler_uniform_below", &uniform_below);
 }
 

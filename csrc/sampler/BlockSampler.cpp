@@ -112,6 +112,32 @@ void throw_if_bad_seeds(int64_t lo, int64_t hi, bool repeated, int64_t num_nodes
 
 } // namespace
 
+void draw_hop(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& degrees, int64_t fanout,
+              const at::Tensor& offsets, uint64_t seed, uint64_t stream, at::Tensor& slots, at::Tensor& src,
+              at::Tensor& dst) {
+  draw(col, begins, degrees, fanout, offsets, seed, stream, slots, src, dst);
+}
+
+HopRows hop_rows(const at::Tensor& rowptr, const at::Tensor& rows, int64_t fanout) {
+  const int64_t n = rows.numel();
+  const at::Tensor bounds = rowptr.index_select(0, at::cat({rows, rows + 1}));
+  HopRows out;
+  out.begin = bounds.slice(0, 0, n);
+  out.degree = bounds.slice(0, n) - out.begin;
+  const at::Tensor counts = fanout < 0 ? out.degree : out.degree.clamp_max(fanout);
+  out.ends = counts.cumsum(0);
+  out.offsets = out.ends - counts;
+  return out;
+}
+
+bool hash_relabel_enabled() {
+  return relabel_by_hash_table();
+}
+
+void check_seed_facts(int64_t lo, int64_t hi, bool repeated, int64_t num_nodes) {
+  throw_if_bad_seeds(lo, hi, repeated, num_nodes);
+}
+
 void draw_neighbours_cpu(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& degrees,
                          int64_t fanout, const at::Tensor& offsets, uint64_t seed, uint64_t stream,
                          at::Tensor& slots, at::Tensor& src, at::Tensor& dst) {
@@ -207,13 +233,8 @@ SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, cons
     // row's two ends share a cache line (one read, not two, over PCIe when
     // rowptr is in unified memory), and the draw then reads no rowptr.
     const bool unchecked = check_later && h == 0;
-    const at::Tensor rows = unchecked ? nodes.clamp(0, num_nodes - 1) : nodes;
-    const at::Tensor bounds = rowptr.index_select(0, at::cat({rows, rows + 1}));
-    const at::Tensor begin = bounds.slice(0, 0, n_dst);
-    const at::Tensor degree = bounds.slice(0, n_dst) - begin;
-    const at::Tensor counts = fanout < 0 ? degree : degree.clamp_max(fanout);
-    const at::Tensor ends = counts.cumsum(0);
-    const at::Tensor offsets = ends - counts;
+    const auto [begin, degree, ends, offsets] = hop_rows(rowptr, unchecked ? nodes.clamp(0, num_nodes - 1) : nodes,
+                                                         fanout);
     // The edge count: here, one wait per hop; with fewer waits and a bounded fanout, after
     // `unique` below, the buffers sized by the bound meanwhile. A fanout far above the mean
     // degree would make that bound mostly padding (memory, and `unique` over it): such a hop

@@ -23,6 +23,29 @@ SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, cons
                            const std::vector<int64_t>& fanouts, uint64_t seed, int64_t stream,
                            bool return_slots);
 
+// The batches of `seeds` (a list; each distinct int64 node ids on the graph's device), batch b
+// from stream streams[b]: the same batches as sample_blocks for each, with every hop's steps
+// run once over all of them (one launch of each tensor step, one host wait for the edge counts
+// and one for the node counts per hop, whatever the number of batches). BlockSamplerMany.cpp.
+std::vector<SampledBatch> sample_blocks_many(const at::Tensor& rowptr, const at::Tensor& col,
+                                             const std::vector<at::Tensor>& seeds,
+                                             const std::vector<int64_t>& fanouts, uint64_t seed,
+                                             const std::vector<int64_t>& streams, bool return_slots);
+
+// Shared by both (BlockSampler.cpp): one hop's draw on the tensors' device; whether
+// sampler_relabel=hash is set; the seed checks' error from their facts.
+void draw_hop(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& degrees, int64_t fanout,
+              const at::Tensor& offsets, uint64_t seed, uint64_t stream, at::Tensor& slots, at::Tensor& src,
+              at::Tensor& dst);
+bool hash_relabel_enabled();
+// Each target's CSR row (begin, degree) and its edges' place in the hop (ends: running count,
+// offsets = ends - count), for `rows`, the targets' node ids (read in one gather of both ends).
+struct HopRows {
+  at::Tensor begin, degree, ends, offsets;
+};
+HopRows hop_rows(const at::Tensor& rowptr, const at::Tensor& rows, int64_t fanout);
+void check_seed_facts(int64_t lo, int64_t hi, bool repeated, int64_t num_nodes);
+
 // One hop's draw: for each target i, whose CSR row starts at begins[i] and has
 // degrees[i] entries, writes min(fanout, degree) distinct CSR slots (all when
 // fanout < 0) at offsets[i] into `slots`, their neighbours into `src` and i

@@ -106,7 +106,8 @@ class PipelinedBatches:
                 graph = pinned_graph(ds.graph)  # the node's shared pages, page-locked here: no copy
             else:
                 graph = ds.graph.to("unified")
-            make_sampler = lambda f, s: GPUNeighborSampler(graph, f, seed=s, device=device)  # noqa: E731
+            make_sampler = lambda f, s: GPUNeighborSampler(  # noqa: E731
+                graph, f, seed=s, device=device, batches_per_call=getattr(args, "sampler_batches", 1))
         else:
             graph = ds.graph
             # pinned batches: the loader's copy of each batch to the GPU is then a DMA

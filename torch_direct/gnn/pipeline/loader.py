@@ -228,6 +228,9 @@ class PipelinedLoader:
             raise ValueError(f"PipelinedLoader: sample_ahead={sample_ahead} needs a GPUNeighborSampler (its "
                              f"batches are drawn one at a time, each from a stream numbered by its place); "
                              f"{type(sampler).__name__} samples on every core already: use sample_ahead=1")
+        if sample_ahead > 1 and getattr(sampler, "batches_per_call", 1) > 1:
+            raise ValueError("PipelinedLoader: sample_ahead > 1 takes one batch per sampler call; the sampler "
+                             f"groups {sampler.batches_per_call} (batches_per_call): use one or the other")
         self.sample_ahead = sample_ahead
         self._stages = Stages(sampler, features, self.labels, self.device, self.stream,
                               merge_gathers, self.sample_ahead, prio)

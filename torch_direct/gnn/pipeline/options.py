@@ -140,6 +140,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(the batches are the same); with THREADS > 1 (GPU sampler only) that many threads "
                         "take batches in turn, so one's waits for its sizes overlap another's kernels; "
                         "needs --prefetch > 0")
+    p.add_argument("--sampler-batches", type=positive(int), default=1, metavar="K",
+                   help="GPU sampler: sample K batches in one call, each hop's steps run once over all of "
+                        "them (fewer launches and host waits a batch; the batches are the same); not with "
+                        "--sample-ahead above 1 (default: %(default)s)")
     p.add_argument("--loader-priority", choices=STREAM_PRIORITIES, default="normal",
                    help="priority of the loader's CUDA streams: high = the device's highest, so the GPU runs "
                         "the loader's short sampling and gather kernels ahead of the training step's waiting "
@@ -208,6 +212,12 @@ def check_options(args, device) -> None:
                              "would be captured)")
     if args.sample_ahead and args.prefetch == 0:
         raise ValueError("--sample-ahead needs --prefetch > 0 (the sampling thread runs ahead of the loader's)")
+    if getattr(args, "sampler_batches", 1) > 1:
+        if not uses_gpu_sampler(args, device.type == "cuda"):
+            raise ValueError("--sampler-batches applies to the GPU sampler (--sampler gpu, or a CUDA device)")
+        if args.sample_ahead > 1:
+            raise ValueError("--sampler-batches and --sample-ahead above 1 do not go together: the sampling "
+                             "threads take one batch per call")
     if args.sample_ahead > 1 and not uses_gpu_sampler(args, device.type == "cuda"):
         raise ValueError(f"--sample-ahead {args.sample_ahead} needs the GPU sampler (--sampler gpu, or a CUDA "
                          f"device); the CPU sampler samples on every core already")
@@ -229,6 +239,8 @@ def check_options(args, device) -> None:
                                    ("--graph gpu", args.graph == "gpu", "PyG samples on the CPU"),
                                    ("--merge-gathers", args.merge_gathers != 1, "PyG's loader gathers per batch"),
                                    ("--sample-ahead", args.sample_ahead, "PyG's workers sample and slice together"),
+                                   ("--sampler-batches", getattr(args, "sampler_batches", 1) != 1,
+                                    "PyG samples in its loader"),
                                    ("--loader-priority", args.loader_priority != "normal",
                                     "PyG's loader has no CUDA streams")):
             if set_:

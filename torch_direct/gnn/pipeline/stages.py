@@ -64,8 +64,12 @@ class Stages:
                                for _ in range(self.sample_ahead)]
 
     def sample_iter(self, seeds):
+        # a CPU sampler samples a group of batches on its threads; the GPU sampler groups
+        # batches_per_call of them into each hop's steps
         many = getattr(self.sampler, "sample_batches", None)
-        group = max(1, torch.get_num_threads()) if many is not None else 1
+        group = getattr(self.sampler, "batches_per_call", None) or max(1, torch.get_num_threads())
+        if many is None or group == 1:
+            many, group = None, 1
         for first in range(0, len(seeds), group):
             chunk = seeds[first:first + group]
             yield from (many(chunk) if many is not None else [self.sampler.sample(s) for s in chunk])
