@@ -90,6 +90,9 @@ def parse(argv=None):
     p.add_argument("--aggregate", type=_choices("aggregations", AGGREGATIONS), default=["fused"],
                    help="the built-in SAGE layer's mean aggregation, comma-separated to compare: fused "
                         "(the kernels) or index_add (index_select + index_add_) (default: fused)")
+    p.add_argument("--sampler-batches", type=int, default=1, metavar="K",
+                   help="batches the GPU sampler samples in one call, in the sample and pipelined parts "
+                        "(as train --sampler-batches; default: %(default)s)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="replay each training step as a CUDA graph, as train --cuda-graph does (captured "
                         "during the warm-up; CUDA only; fp32 and tf32)")
@@ -112,7 +115,7 @@ def parse(argv=None):
     p.add_argument("--out", type=Path, default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
-    for name in ("batches", "cached", "batch_size", "hidden", "warmup"):
+    for name in ("batches", "cached", "batch_size", "hidden", "warmup", "sampler_batches"):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     for name in ("cache_mb", "gather_sms", "gather_cpu_threads"):
@@ -172,11 +175,13 @@ def measure(precision, layers, aggregate, priority, ds, device, sampler, store, 
         for s in batches[:a.warmup]:
             step(batch(sampler.sample(s)))
 
-        def sample_all():
+        def sample_all():   # batches_per_call at a time (--sampler-batches), as the loader asks
+            k = sampler.batches_per_call
             with on_side(), progress(n_batches, f"{precision} sample", show) as bar:
-                for s in batches:
-                    sampled.append(sampler.sample(s))
-                    bar.update(1)
+                for first in range(0, n_batches, k):
+                    group = batches[first:first + k]
+                    sampled.extend(sampler.sample_batches(group) if k > 1 else [sampler.sample(group[0])])
+                    bar.update(len(group))
         parts["sample"] = seconds(device, sample_all)
 
         def gather_all():
@@ -282,7 +287,7 @@ def main(argv=None):
         graph = graph_to_gpu(ds.graph, device) if a.graph == "gpu" else ds.graph.to("unified")
     else:
         graph = ds.graph
-    sampler = GPUNeighborSampler(graph, a.fanouts, seed=0, device=device)
+    sampler = GPUNeighborSampler(graph, a.fanouts, seed=0, device=device, batches_per_call=a.sampler_batches)
     x, scale = feature_table(ds.x, a.feature_dtype, "unified" if a.store == "unified" else "cpu",
                              show=not a.no_progress)
     if a.store == "unified":

@@ -25,6 +25,7 @@ class TestStepFloorProbe(TestCase):
                       "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "bf16",
                       "--layers", "builtin", "--sampler-waits", "default,fewer", "--loader-priority", "high",
                       "--sampler-relabel", "hash", "--feature-dtype", "fp8", "--aggregate", "fused,index_add",
+                      "--sampler-batches", "2",
                       "--store", "unified", "--profile-sample", str(Path(d) / "sample.txt"), "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             rec = json.loads(out.read_text())
@@ -52,6 +53,7 @@ class TestStepFloorProbe(TestCase):
                               (["--precision", "fp32,fp8"], "expected comma-separated precisions"),
                               (["--layers", "dgl"], "expected comma-separated layers"),
                               (["--aggregate", "sum"], "expected comma-separated aggregations"),
+                              (["--sampler-batches", "0"], "--sampler-batches must be positive"),
                               (["--device", "cpu", "--cuda-graph"], "--cuda-graph needs a CUDA device"),
                               (["--cuda-graph", "--precision", "fp32,bf16"], "does not apply to --precision bf16"),
                               (["--sampler-waits", "none"], "expected comma-separated settings"),
