@@ -194,6 +194,18 @@ Relabelled relabel_by_hash(const at::Tensor& all) {
   return out;
 }
 
+Relabelled relabel_by_sort(const at::Tensor& all, bool with_first) {
+  const auto opts = all.options();
+  auto [unique, inverse, unused] = at::_unique2(all, true, true, false);  // waits for the stream
+  const int64_t u = unique.numel();
+  const at::Tensor first = at::full({u}, std::numeric_limits<int64_t>::max(), opts)
+                               .scatter_reduce_(0, inverse, at::arange(all.numel(), opts), "amin", true);
+  const at::Tensor order = first.argsort();
+  const at::Tensor rank = at::empty({u}, opts).index_put_({order}, at::arange(u, opts));
+  return {unique.index_select(0, order), rank.index_select(0, inverse),
+          with_first ? first.index_select(0, inverse) : at::Tensor()};
+}
+
 SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& seeds,
                            const std::vector<int64_t>& fanouts, uint64_t seed, int64_t stream,
                            bool return_slots) {
@@ -259,36 +271,16 @@ SampledBatch sample_blocks(const at::Tensor& rowptr, const at::Tensor& col, cons
       throw_if_bad_seeds(facts[0].item<int64_t>(), facts[1].item<int64_t>(), facts[2].item<int64_t>() != 0,
                          num_nodes);
     };
-    at::Tensor src_local;
-    int64_t u = 0;
-    if (by_hash) {
-      const Relabelled r = relabel_by_hash(all);  // waits for the stream
-      if (bounded && n_dst > 0) {
-        e = ends[-1].item<int64_t>();
-      }
-      if (unchecked) {
-        check_seeds(r.first.slice(0, 0, n_dst));
-      }
-      src_local = r.local.slice(0, n_dst, n_dst + e);
-      u = r.nodes.numel();
-      nodes = r.nodes;
-    } else {
-      auto [unique, inverse, unused] = at::_unique2(all, true, true, false);  // waits for the stream
-      if (bounded && n_dst > 0) {
-        e = ends[-1].item<int64_t>();
-      }
-      u = unique.numel();
-      const at::Tensor first =
-          at::full({u}, std::numeric_limits<int64_t>::max(), long_opts)
-              .scatter_reduce_(0, inverse, at::arange(all.numel(), long_opts), "amin", true);
-      if (unchecked) {
-        check_seeds(first.index_select(0, inverse.slice(0, 0, n_dst)));
-      }
-      const at::Tensor order = first.argsort();
-      const at::Tensor rank = at::empty({u}, long_opts).index_put_({order}, at::arange(u, long_opts));
-      src_local = rank.index_select(0, inverse.slice(0, n_dst, n_dst + e));
-      nodes = unique.index_select(0, order);
+    const Relabelled r = by_hash ? relabel_by_hash(all) : relabel_by_sort(all, unchecked);  // waits
+    if (bounded && n_dst > 0) {
+      e = ends[-1].item<int64_t>();
     }
+    if (unchecked) {
+      check_seeds(r.first.slice(0, 0, n_dst));
+    }
+    const at::Tensor src_local = r.local.slice(0, n_dst, n_dst + e);
+    const int64_t u = r.nodes.numel();
+    nodes = r.nodes;
     Hop hop;
     hop.edge_index = at::stack({src_local, dst.slice(0, 0, e)});
     if (return_slots) {

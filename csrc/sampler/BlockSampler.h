@@ -69,6 +69,9 @@ struct Relabelled {
   at::Tensor first;
 };
 Relabelled relabel_by_hash(const at::Tensor& all);
+// The same through unique and argsort (the default relabel): the host waits in `unique`;
+// `first` only when `with_first` (an extra gather the seed check alone needs).
+Relabelled relabel_by_sort(const at::Tensor& all, bool with_first);
 #ifdef TORCH_DIRECT_WITH_CUDA
 // Passes 1-2 and 3 of HashRelabel.h as kernels on the current stream.
 void find_first_occurrences_cuda(const at::Tensor& all, at::Tensor& keys, at::Tensor& firsts, at::Tensor& first,

@@ -8,25 +8,12 @@
 
 #include <ATen/ATen.h>
 
-#include <limits>
 #include <numeric>
 
 namespace torch_direct::sampler {
 namespace {
 
 constexpr int kBatchShift = 40;   // node ids below 2^40, up to 2^23 batches in one call
-
-// Local ids by first occurrence through unique and argsort (sample_blocks' default relabel).
-Relabelled relabel_by_sort(const at::Tensor& all) {
-  const auto long_opts = all.options();
-  auto [unique, inverse, unused] = at::_unique2(all, true, true, false);
-  const int64_t u = unique.numel();
-  const at::Tensor first = at::full({u}, std::numeric_limits<int64_t>::max(), long_opts)
-                               .scatter_reduce_(0, inverse, at::arange(all.numel(), long_opts), "amin", true);
-  const at::Tensor order = first.argsort();
-  const at::Tensor rank = at::empty({u}, long_opts).index_put_({order}, at::arange(u, long_opts));
-  return {unique.index_select(0, order), rank.index_select(0, inverse), at::Tensor()};
-}
 
 // The values of a small device tensor on the host: one copy, one wait.
 std::vector<int64_t> to_host(const at::Tensor& t) {
@@ -113,7 +100,7 @@ std::vector<SampledBatch> sample_blocks_many(const at::Tensor& rowptr, const at:
       parts.push_back(keys_of(src.slice(0, edges_at[b], edges_at[b + 1]), b));
     }
     const at::Tensor all = at::cat(parts);
-    const Relabelled r = hash_relabel_enabled() ? relabel_by_hash(all) : relabel_by_sort(all);
+    const Relabelled r = hash_relabel_enabled() ? relabel_by_hash(all) : relabel_by_sort(all, false);
     const at::Tensor batch_of = at::bitwise_right_shift(r.nodes, kBatchShift);   // no wait: not bincount
     const std::vector<int64_t> u = to_host(at::zeros({k}, opts).index_add_(0, batch_of, at::ones_like(batch_of)));
     const std::vector<int64_t> u_at = exclusive_sum(u);
