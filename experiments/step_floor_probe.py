@@ -74,7 +74,7 @@ def parse(argv=None):
     p.add_argument("--model", choices=MODELS, default="sage", help="as for train (default: %(default)s)")
     p.add_argument("--layers", type=_choices("layers", LAYERS), default=["auto"],
                    help="comma-separated layer implementations, as for train: pyg = PyG's convs, builtin = the "
-                        "plain-torch GraphSAGE (less Python per step); each is measured with each --precision "
+                        "built-in GraphSAGE (fused aggregation, less Python per step); each is measured with each --precision "
                         "(default: auto)")
     p.add_argument("--precision", type=_choices("precisions", PRECISIONS), default=["fp32"],
                    help="comma-separated precisions (fp32, tf32, bf16, as for train), each measured in turn on "

@@ -1,4 +1,6 @@
-// Mean aggregation (MeanAggregate.h): the checks, the allocation and the CPU loops.
+// Mean aggregation (MeanAggregate.h): the checks, the allocation and the CPU loops. The
+// indices' range is checked by the caller, torch_direct/gnn/pipeline/aggregate.py, before the
+// forward (on the CPU; on a GPU the kernels assert it); the backward gets the same indices.
 // The CPU loops walk the edges in the CUDA kernel's chunks and runs, so the tests of
 // this module on the CPU check the same bookkeeping the GPU does; threads split the
 // feature columns, so no two of them add to the same element.
@@ -34,19 +36,6 @@ void check_rows(const at::Tensor& rows, const char* name, const char* what) {
               " must be float32, float16 or bfloat16, got ", t);
   TORCH_CHECK_VALUE(rows.device().is_cpu() || rows.device().is_cuda(), what, ": ", name, " is on ", rows.device(),
               " (CPU or CUDA only)");
-}
-
-// On the CPU the indices are checked before any work; a CUDA kernel asserts them as
-// torch's own index kernels do (reading them back here would wait on the stream).
-void check_range_cpu(const at::Tensor& index, int64_t bound, const char* name, const char* what) {
-  if (index.numel() == 0 || !index.device().is_cpu()) {
-    return;
-  }
-  const auto [lo, hi] = at::aminmax(index);
-  const int64_t low = lo.item<int64_t>();
-  const int64_t high = hi.item<int64_t>();
-  TORCH_CHECK_INDEX(low >= 0 && high < bound, what, ": ", name, " holds ", low < 0 ? low : high, ", outside [0, ",
-              bound, ")");
 }
 
 template <typename index_t, typename Visit>
@@ -126,8 +115,6 @@ std::pair<at::Tensor, at::Tensor> mean_forward(const at::Tensor& x, const at::Te
   check_rows(x, "x", what);
   check_edges(src, dst, x.device(), what);
   TORCH_CHECK_VALUE(n_dst >= 0, what, ": n_dst must be >= 0, got ", n_dst);
-  check_range_cpu(src, x.size(0), "src", what);
-  check_range_cpu(dst, n_dst, "dst", what);
   const at::Tensor rows = x.contiguous();
   const at::Tensor s = src.contiguous();
   const at::Tensor d = dst.contiguous();
@@ -158,8 +145,6 @@ at::Tensor mean_backward(const at::Tensor& grad_out, const at::Tensor& degree, c
   TORCH_CHECK_VALUE(degree.dim() == 1 && degree.size(0) == grad_out.size(0), what, ": degree has shape ",
               degree.sizes(), " for ", grad_out.size(0), " targets");
   TORCH_CHECK_VALUE(n_src >= 0, what, ": n_src must be >= 0, got ", n_src);
-  check_range_cpu(src, n_src, "src", what);
-  check_range_cpu(dst, grad_out.size(0), "dst", what);
   at::Tensor scaled = grad_out.to(at::kFloat).div(degree.to(at::kFloat).clamp_min(1).unsqueeze(1)).contiguous();
   at::Tensor grad_x = at::zeros({n_src, grad_out.size(1)}, grad_out.options().dtype(at::kFloat));
   if (src.numel() > 0 && grad_out.size(1) > 0) {

@@ -16,7 +16,8 @@
 
 namespace torch_direct::aggregate {
 
-// (out [n_dst, F], degree [n_dst]), both float32 (the sums are kept in float32 whatever x's
+// Every index in range is the caller's check (aggregate.py's check_edges on the CPU; a GPU
+// kernel asserts it). (out [n_dst, F], degree [n_dst]), both float32 (the sums are kept in float32 whatever x's
 // dtype); x [n_src, F] float32, float16 or bfloat16; src/dst int64 or int32, one dimension,
 // the same length.
 std::pair<at::Tensor, at::Tensor> mean_forward(const at::Tensor& x, const at::Tensor& src, const at::Tensor& dst,
