@@ -128,6 +128,15 @@ def _check_fanouts(fanouts) -> list[int]:
     return out
 
 
+def seed_tensor(seeds) -> torch.Tensor:
+    """A batch's seeds as a tensor (lists too), refused unless 1-D int32/int64."""
+    if not isinstance(seeds, torch.Tensor):
+        seeds = torch.as_tensor(seeds)
+    if seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
+        raise TypeError(f"seeds must be a 1-D int32/int64 tensor, got {seeds.dtype} of shape {tuple(seeds.shape)}")
+    return seeds
+
+
 class NeighborSampler:
     """Uniform neighbour sampling without replacement on CPU worker threads (C++).
 
@@ -172,10 +181,7 @@ class NeighborSampler:
         self._next_stream = 0
 
     def _prepare(self, seeds) -> torch.Tensor:
-        if not isinstance(seeds, torch.Tensor):
-            seeds = torch.as_tensor(seeds)
-        if seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
-            raise TypeError(f"seeds must be a 1-D int32/int64 tensor, got {seeds.dtype} of shape {tuple(seeds.shape)}")
+        seeds = seed_tensor(seeds)
         if seeds.device.type != "cpu":
             seeds = seeds.cpu()
         return seeds.long().contiguous()
@@ -270,10 +276,7 @@ class GPUNeighborSampler:
         """Sample one batch rooted at ``seeds`` (distinct node ids); results on ``self.device``.
         ``stream``: the batch's random stream, one that :meth:`take_streams` reserved (default:
         the next one)."""
-        if not isinstance(seeds, torch.Tensor):
-            seeds = torch.as_tensor(seeds)
-        if seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
-            raise TypeError(f"seeds must be a 1-D int32/int64 tensor, got {seeds.dtype} of shape {tuple(seeds.shape)}")
+        seeds = seed_tensor(seeds)
         if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)
                                    or not 0 <= stream < self._next_stream):
             raise ValueError(f"stream must be an int that take_streams reserved (below {self._next_stream}), "
@@ -290,12 +293,7 @@ class GPUNeighborSampler:
         """The batches rooted at each of ``batches`` (lists or tensors of distinct node ids), the
         same as one :meth:`sample` call each in turn, with every hop's steps run once over all of
         them: fewer kernel launches and host waits per batch."""
-        seeds = []
-        for b in batches:
-            b = torch.as_tensor(b)
-            if b.dtype not in (torch.int32, torch.int64) or b.dim() != 1:
-                raise TypeError(f"seeds must be a 1-D int32/int64 tensor, got {b.dtype} of shape {tuple(b.shape)}")
-            seeds.append(b.to(self.device).long())
+        seeds = [seed_tensor(b).to(self.device).long() for b in batches]
         if not seeds:
             return []
         first = self.take_streams(len(seeds))
