@@ -115,6 +115,25 @@ class TestTorchrun(TestCase):
         self.assertNotIn("epoch   2 ", p.stdout)
         self.assertEqual(shm_files(), before)
 
+    def test_a_second_sigterm_does_not_cut_the_stop_short(self):
+        # The first SIGTERM becomes SystemExit; one arriving while the rank is already stopping
+        # (reading the failing rank's error, printing it) is let pass.
+        code = ("import os, signal\n"
+                "from torch_direct.gnn.pipeline import distributed as d\n"
+                "d._stop_cleanly_on_sigterm()\n"
+                "try:\n"
+                "    os.kill(os.getpid(), signal.SIGTERM)\n"
+                "    print('not stopped')\n"
+                "except SystemExit as e:\n"
+                "    print('first', e.code)\n"
+                "os.kill(os.getpid(), signal.SIGTERM)\n"
+                "print('still here')\n")
+        e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=e, capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        self.assertEqual(p.stdout.split("\n")[:2], ["first 143", "still here"])
+
     def test_two_nodes_over_loopback(self):
         port = free_port()
         path = os.path.join(self.root, "nodes.json")

@@ -179,10 +179,20 @@ def init(device_arg: str | None) -> Context:
     return Context(rank, world, local_rank, local_world, node, device, backend)
 
 
+_stopping = False  # this rank is already stopping: a later SIGTERM must not cut its report short
+
+
 def _stop_cleanly_on_sigterm() -> None:
     """torchrun stops the other ranks with SIGTERM when one fails: turn it into SystemExit so
-    that ``finally`` blocks run (shared-memory files, loader threads)."""
+    that ``finally`` blocks run (shared-memory files, loader threads). Once the rank is stopping
+    (this signal, or an error already on its way to :func:`report_stop`), further SIGTERMs are
+    let pass: one arriving while the rank reads the failing rank's error would otherwise end it
+    before it says why it stopped."""
     def handler(signum, frame):
+        global _stopping
+        if _stopping:
+            return
+        _stopping = True
         raise SystemExit(128 + signum)
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, handler)
@@ -314,6 +324,8 @@ def report_stop(ctx: Context, exc: BaseException) -> BaseException | None:
     """On a rank that stops with ``exc``: if another rank failed first, the error to raise
     instead (naming that rank and its error); else record ``exc`` for the others and return
     None. A stop by the launcher (SIGTERM) prints the failing rank's error, if known."""
+    global _stopping
+    _stopping = True
     peer = ctx.peer_error()
     if peer and peer.startswith(f"rank {ctx.rank}:"):
         peer = None
