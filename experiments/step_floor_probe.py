@@ -83,10 +83,10 @@ def parse(argv=None):
                    help="comma-separated values of the experimental sampler_waits for the GPU sampler: default = "
                         "two host waits per hop and the seeds checked first; fewer = one wait per hop (the same "
                         "batches); each is measured with each layer implementation and precision (default: default)")
-    p.add_argument("--sampler-relabel", type=_choices("settings", ("sort", "hash")), default=["sort"],
-                   help="comma-separated values of the experimental sampler_relabel for the GPU sampler: sort = "
-                        "unique and argsort; hash = a hash table, three passes and a scan (the same batches); "
-                        "each is measured with each of the other settings (default: sort)")
+    p.add_argument("--sampler-relabel", type=_choices("settings", ("hash", "sort")), default=["hash"],
+                   help="comma-separated values of the experimental sampler_relabel for the GPU sampler: hash = "
+                        "a hash table, three passes and a scan; sort = unique and argsort (the same batches); "
+                        "each is measured with each of the other settings (default: hash)")
     p.add_argument("--aggregate", type=_choices("aggregations", AGGREGATIONS), default=["fused"],
                    help="the built-in SAGE layer's mean aggregation, comma-separated to compare: fused "
                         "(the kernels) or index_add (index_select + index_add_) (default: fused)")

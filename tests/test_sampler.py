@@ -520,26 +520,27 @@ class TestBlockSamplerGpuFewerWaits(FewerWaits, BlockSamplerChecks, TestCase):
     device = "cuda"
 
 
-class HashRelabel(WithSettings):
-    """The same checks with the experimental setting sampler_relabel=hash (each hop's new nodes
-    numbered through a hash table instead of by sorting): the same batches, every promise kept."""
+class SortRelabel(WithSettings):
+    """The same checks with the experimental setting sampler_relabel=sort (each hop's new nodes
+    numbered by sorting instead of through the default hash table): the same batches, every
+    promise kept."""
 
-    settings = {"sampler_relabel": "hash"}
+    settings = {"sampler_relabel": "sort"}
 
-    def test_same_batches_as_sorting(self):
-        self.check_same_batches_as(sampler_relabel="sort")
+    def test_same_batches_as_the_hash_table(self):
+        self.check_same_batches_as(sampler_relabel="hash")
 
     def test_relabel_of_many_repeats(self):
         # Hubs: most sampled sources are a few nodes, read again and again (long probe chains
-        # and many threads on one slot on the GPU); the numbering stays first-occurrence order.
+        # and many threads on one hash slot on the GPU); both numberings stay first-occurrence order.
         n = 3000
         dst = torch.arange(n).repeat_interleave(8)
         src = torch.randint(0, 12, (n * 8,), generator=torch.Generator().manual_seed(1)) * 97 % n
         graph = CSRGraph.from_edge_index(torch.stack([src, dst]), n, dedupe=True)
         seeds = torch.arange(0, n, 5)
-        hashed = self.sampler(graph, [5, 5], seed=2).sample(seeds).to("cpu")
-        with torch_direct.experimental(sampler_relabel="sort"):
-            base = self.sampler(graph, [5, 5], seed=2).sample(seeds).to("cpu")
+        base = self.sampler(graph, [5, 5], seed=2).sample(seeds).to("cpu")
+        with torch_direct.experimental(sampler_relabel="hash"):
+            hashed = self.sampler(graph, [5, 5], seed=2).sample(seeds).to("cpu")
         self.assertEqual(hashed.n_id, base.n_id)
         for a, b in zip(hashed.hops, base.hops):
             self.assertEqual(a.edge_index, b.edge_index)
@@ -551,24 +552,24 @@ class HashRelabel(WithSettings):
                 self.sampler(random_graph(), [2]).sample([1, 2])
 
 
-class TestBlockSamplerCpuHashRelabel(HashRelabel, BlockSamplerChecks, TestCase):
+class TestBlockSamplerCpuSortRelabel(SortRelabel, BlockSamplerChecks, TestCase):
     device = "cpu"
 
 
-class TestBlockSamplerCpuHashRelabelFewerWaits(HashRelabel, BlockSamplerChecks, TestCase):
+class TestBlockSamplerCpuSortRelabelFewerWaits(SortRelabel, BlockSamplerChecks, TestCase):
     device = "cpu"
-    settings = {"sampler_relabel": "hash", "sampler_waits": "fewer"}
+    settings = {"sampler_relabel": "sort", "sampler_waits": "fewer"}
 
 
 @requires_gpu
-class TestBlockSamplerGpuHashRelabel(HashRelabel, BlockSamplerChecks, TestCase):
+class TestBlockSamplerGpuSortRelabel(SortRelabel, BlockSamplerChecks, TestCase):
     device = "cuda"
 
 
 @requires_gpu
-class TestBlockSamplerGpuHashRelabelFewerWaits(HashRelabel, BlockSamplerChecks, TestCase):
+class TestBlockSamplerGpuSortRelabelFewerWaits(SortRelabel, BlockSamplerChecks, TestCase):
     device = "cuda"
-    settings = {"sampler_relabel": "hash", "sampler_waits": "fewer"}
+    settings = {"sampler_relabel": "sort", "sampler_waits": "fewer"}
 
 
 @requires_gpu

@@ -26,8 +26,8 @@ SETTINGS = {
     "gather_own_pool": "0 | 1: the CPU gather uses a thread pool of its own instead of ATen's (default: 0)",
     "cpu_gather_prefetch": "int >= 0: rows ahead whose cache lines the CPU gather requests early (default: 0)",
     "sampler_waits": "default | fewer: fewer = one host wait per hop in the GPU sampler instead of two",
-    "sampler_relabel": "sort | hash: hash = the GPU sampler numbers each hop's new nodes through a hash table "
-                       "instead of sorting them (the same numbering)",
+    "sampler_relabel": "hash | sort: sort = the GPU sampler numbers each hop's new nodes by sorting them "
+                       "instead of through a hash table (the same numbering; default: hash)",
     "feature_pages": "small | huge: huge = the GNN stack's unified feature store copies its table into anonymous "
                      "memory advised MADV_HUGEPAGE (transparent huge pages) and pins it in place, instead of "
                      "unified memory on small pages (not shareable between processes)",

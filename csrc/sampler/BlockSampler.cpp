@@ -33,11 +33,14 @@ void draw(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& deg
   draw_neighbours_cpu(col, begins, degrees, fanout, offsets, seed, stream, slots, src, dst);
 }
 
-// Whether the experimental setting `name` is `on`: false when unset or `off`, an error for any
-// other value. Read per call, so that one process can time both.
-bool experimental_switch(const char* name, const char* off, const char* on) {
+// Whether the experimental setting `name` is `on`: `unset` when unset, false when `off`, an
+// error for any other value. Read per call, so that one process can time both.
+bool experimental_switch(const char* name, const char* off, const char* on, bool unset = false) {
   const auto v = torch_direct::experimental::get(name);
-  if (!v || *v == off) {
+  if (!v) {
+    return unset;
+  }
+  if (*v == off) {
     return false;
   }
   TORCH_CHECK(*v == on, torch_direct::experimental::kVariable, ": ", name, " must be ", on, " or ", off, ", not '",
@@ -57,11 +60,12 @@ bool fewer_waits() {
   return experimental_switch("sampler_waits", "default", "fewer");
 }
 
-// TORCH_DIRECT_EXPERIMENTAL=sampler_relabel=hash: each hop relabels through a hash table
-// (HashRelabel.h: three passes and a scan) instead of sorting (unique, argsort); the batches are
-// the same. Unset or "sort": sorting.
+// Each hop relabels through a hash table (HashRelabel.h: three passes and a scan) unless
+// TORCH_DIRECT_EXPERIMENTAL=sampler_relabel=sort, which sorts instead (unique, argsort); the
+// batches are the same. The hash table is the default: on papers100M-like's batches it samples
+// in 0.94 ms against sorting's 2.30 ms on an H200.
 bool relabel_by_hash_table() {
-  return experimental_switch("sampler_relabel", "sort", "hash");
+  return experimental_switch("sampler_relabel", "sort", "hash", /*unset=*/true);
 }
 
 // Passes 1 and 2 of HashRelabel.h on the CPU: `first` and `is_first` per position of `all`.

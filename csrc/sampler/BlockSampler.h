@@ -2,14 +2,14 @@
 // Neighbour sampling as whole-batch tensor steps, for a GPU that reads the CSR
 // in place (unified memory: no copy of the graph to the GPU). Each hop draws
 // every target's neighbours in one kernel (one thread per target, Floyd's
-// algorithm over unbiased bounded draws), then relabels with sort-based
-// tensor ops: new nodes get local ids in the order the edges discover them,
+// algorithm over unbiased bounded draws), then relabels through a hash table
+// (HashRelabel.h): new nodes get local ids in the order the edges discover them,
 // exactly the CPU sampler's numbering. The same steps run on the CPU (a loop
 // for the draw), which is how they are tested without a GPU. The host waits for
 // the stream twice per hop (the edge count, `unique`'s size) and once for the
 // seed check; TORCH_DIRECT_EXPERIMENTAL=sampler_waits=fewer waits once per hop
-// (BlockSampler.cpp), and sampler_relabel=hash relabels through a hash table
-// instead of sorting (HashRelabel.h), with the same numbering.
+// (BlockSampler.cpp), and sampler_relabel=sort relabels by sort-based tensor
+// ops (unique, argsort) instead of the hash table, with the same numbering.
 
 #include "NeighborSampler.h"
 
@@ -33,7 +33,7 @@ std::vector<SampledBatch> sample_blocks_many(const at::Tensor& rowptr, const at:
                                              const std::vector<int64_t>& streams, bool return_slots);
 
 // Shared by both (BlockSampler.cpp): one hop's draw on the tensors' device; whether
-// sampler_relabel=hash is set; the seed checks' error from their facts.
+// the hash table relabels (sampler_relabel is not sort); the seed checks' error from their facts.
 void draw_hop(const at::Tensor& col, const at::Tensor& begins, const at::Tensor& degrees, int64_t fanout,
               const at::Tensor& offsets, uint64_t seed, uint64_t stream, at::Tensor& slots, at::Tensor& src,
               at::Tensor& dst);

@@ -1,6 +1,6 @@
 #pragma once
 // Relabelling a hop by a hash table, shared by the CPU loop and the GPU
-// kernels of BlockSampler (TORCH_DIRECT_EXPERIMENTAL=sampler_relabel=hash).
+// kernels of BlockSampler (the default; TORCH_DIRECT_EXPERIMENTAL=sampler_relabel=sort sorts).
 //
 // `all` lists the known nodes, then the hop's sampled sources. Each node gets
 // the local id of its first occurrence in `all`, counted over first
