@@ -76,8 +76,8 @@ def _scaling(r):
     return f"{s(one, 1)} / {s(two, 1)} ({x(two / one, 2)}) / {s(four, 1)} ({x(four / one, 2)})"
 
 
-PAPERS_GRAPHED = {"unified": "train_papers100M-like_graphed-86c4eed_unified_ahead3.json",
-                  "gpu_resident": "train_papers100M-like_graphed-86c4eed_gpu-resident_ahead3.json"}
+PAPERS_GRAPHED = {"unified": "train_papers100M-like_hash-86c851a_unified_tf32_ahead3.json",
+                  "gpu_resident": "train_papers100M-like_hash-86c851a_gpu-resident_tf32_ahead3.json"}
 
 
 def _papers_graphed(r):
@@ -86,28 +86,48 @@ def _papers_graphed(r):
     return f"{s(u, 2)} / {s(g, 2)} ({x(u / g, 2)}); test accuracy {' / '.join(f'{a:.4f}' for a in sorted(acc))}"
 
 
-PRODUCTS_OGB = ("train_products-like_fused-9577d83_unified-gpu-resident.json",
-                "train_products-like_fused-9577d83_cpu-centric.json")
+PRODUCTS_OGB = "train_products-like_median3-86c851a.json"
 
 
 def _products_ogb(r):
-    both, cpu = (r[n] for n in PRODUCTS_OGB)
-    u, g, c = epoch(both, "unified"), epoch(both, "gpu_resident"), epoch(cpu, "cpu_centric")
+    rec = r[PRODUCTS_OGB]
+    u, g, c = (epoch(rec, p) for p in ("unified", "gpu_resident", "cpu_centric"))
     return f"{s(u, 2)} / {s(g, 2)} ({x(u / g, 2)}) / {s(c, 2)} (unified {x(c / u, 2)} faster)"
 
 
-# (what was measured, the records, their figure(s) as the README writes them); the first two
+FP8 = {"papers": ("train_papers100M-like_hash-86c851a_unified_tf32_fp16.json",
+                  "train_papers100M-like_hash-86c851a_unified_tf32_fp8.json"),
+       "products": ("train_products-like_hash-86c851a_fp16.json", "train_products-like_hash-86c851a_fp8.json")}
+
+
+def _fp8(r):
+    out = []
+    for name, (half, eight) in FP8.items():
+        h, e = r[half]["rows"][0], r[eight]["rows"][0]
+        out.append(f"{name}: {s(h['epoch_s'], 2)} / {s(e['epoch_s'], 2)}, test accuracy "
+                   f"{h['test_acc']:.4f} / {e['test_acc']:.4f}")
+    return "; ".join(out)
+
+
+# (what was measured, the records, their figure(s) as the README writes them); the first three
 # rows are on today's presets, the others on the presets of generator version 1
 ROWS = [
     ("papers100M-like as OGB's (3.23 billion CSR entries; 28.4 GB of float16 features in host "
-     "memory), the step replayed as a CUDA graph, three sampling threads: unified with 47% of the "
-     "table cached on the GPU / all-in-GPU (unified against all-in-GPU)",
+     "memory), the step replayed as a CUDA graph in TF32, three sampling threads: unified with half "
+     "of the table (13,500 MiB, 49.8%) cached on the GPU and 12 CPU threads gathering a share of the misses / "
+     "all-in-GPU (unified against all-in-GPU)",
      list(PAPERS_GRAPHED.values()),
      _papers_graphed),
-    ("products-like as OGB's (123.7 million CSR entries), one run each, eager step, 512 MiB GPU cache: "
-     "unified / all-in-GPU (unified against it) / CPU-centric",
-     list(PRODUCTS_OGB),
+    ("products-like as OGB's (123.7 million CSR entries), median of three runs each in one call, "
+     "eager step, float32 features, 512 MiB GPU cache (55% of the rows): unified / all-in-GPU "
+     "(unified against it) / CPU-centric",
+     [PRODUCTS_OGB],
      _products_ogb),
+    ("float16 / float8 (e4m3, a scale per row) feature tables, unified, the same GPU cache in bytes "
+     "(float8: twice the rows; papers100M-like: 13,500 MiB, 50% / 97% of the rows, no CPU threads; "
+     "products-like: 512 MiB, the whole table either way)",
+     [n for pair in FP8.values() for n in pair],
+     _fp8),
     ("products-like epoch: unified features / CPU-centric / PyG `NeighborLoader` / all-in-GPU",
      [PRODUCTS],
      lambda r: " / ".join(s(epoch(r[PRODUCTS], p), d) for p, d in
