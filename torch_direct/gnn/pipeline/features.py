@@ -345,17 +345,15 @@ class CachedFeatureStore(FeatureStore):
             return self.store.read(idx, device)
         idx = idx.to(device, non_blocking=True)
         slot = self.slot[idx]
-        hit = slot >= 0
-        out = torch.empty(idx.numel(), self.dim, dtype=self.dtype, device=device)
-        miss = torch.nonzero(~hit).squeeze(1)
-        n_hit = idx.numel() - miss.numel()   # one sync: the sizes drive the two gathers
-        self.hits += n_hit
+        miss = torch.nonzero(slot < 0).squeeze(1)   # one sync: the misses' count sizes their gather
+        self.hits += idx.numel() - miss.numel()
         self.lookups += idx.numel()
-        if n_hit:
-            hit_pos = torch.nonzero(hit).squeeze(1)
-            at = slot[hit_pos].long()
-            out[hit_pos] = dequantize(take_rows(self.cache, at), None if self.cache_scale is None else self.cache_scale[at],
-                                      self.dtype)
+        # Every position reads the cache, a miss its row 0 (overwritten below): one gather
+        # writing the batch in order, where taking the hits apart would compact them and
+        # scatter them back, a second pass over the batch's rows.
+        at = slot.clamp(min=0).long()
+        out = dequantize(take_rows(self.cache, at), None if self.cache_scale is None else self.cache_scale[at],
+                         self.dtype)
         if miss.numel():
             out[miss] = self.store.read(idx[miss], device)
         return out
