@@ -93,8 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="the model's arithmetic: fp32 = float32 (torch's default); tf32 = float32 tensors, "
                         "matmuls on TF32 tensor cores (CUDA only); bf16 = autocast to bfloat16 in training and "
-                        "inference, weights and optimizer in float32. Features are gathered as float32 "
-                        "either way (default: %(default)s)")
+                        "inference, weights and optimizer in float32. Either way the built-in GraphSAGE layers take a "
+                        "float16/bfloat16 table's rows as stored, other layers float32 rows "
+                        "(default: %(default)s)")
     p.add_argument("--feature-dtype", choices=FEATURE_DTYPES, default="stored",
                    help="how the feature table is held: stored = as the data set stores it; fp32, fp16, bf16 = "
                         "converted once at load; fp8 = float8 e4m3 with a float32 scale per row "
