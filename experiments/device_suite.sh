@@ -6,7 +6,7 @@
 #
 # A build leaves $OUT/prebuilt.tgz: its extension modules without debug
 # information (a few MB) and the digest of what they were built from (the C++
-# and CUDA sources, setup.py, the code generator, torch's and Python's
+# and CUDA sources, setup.py, the registrations' generator, torch's and Python's
 # versions). Carried back in a later call as PREBUILT=path/to/prebuilt.tgz, it
 # replaces the build when the digest still matches (about 140 s saved on a
 # fresh machine); otherwise the build runs as usual.
@@ -24,9 +24,9 @@ if [ -n "$wheels" ]; then
 fi
 t0=$(date +%s)
 source_digest() {  # what the extension modules are built from
-  { find csrc c10_allocator tools -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh' -o -name '*.py' \) \
+  { find csrc c10_allocator -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh' -o -name '*.py' \) \
       ! -path '*/generated/*' | LC_ALL=C sort | xargs sha256sum
-    sha256sum setup.py native_functions_additions.yaml
+    sha256sum setup.py native_functions_additions.yaml tools/gen_registrations.py
     python3 -c "import sys, torch; print(torch.__version__, torch.version.cuda, sys.version_info[:2])"
   } | sha256sum | cut -c1-16
 }
