@@ -452,10 +452,10 @@ class TestGatherKernelCUDA(TestCase):
         order = torch.randint(0, len(picks), (5000,), generator=g)
         idx = picks[order].cuda()
 
-        def kernels_and_rows(**kw):
+        def kernels_and_rows(table=u, **kw):
             activities = [torch.profiler.ProfilerActivity.CUDA]
             with torch.profiler.profile(activities=activities) as prof:
-                y = torch_direct.gather(u, idx, **kw)
+                y = torch_direct.gather(table, idx, **kw)
                 torch.cuda.synchronize()
             names = {e.name for e in prof.events()}
             # the index check's kernel: the profiler saw our kernels at all
@@ -472,6 +472,14 @@ class TestGatherKernelCUDA(TestCase):
                 used, y = kernels_and_rows(**kw)
                 self.assertEqual(used, want)
                 self.assertEqual(y, vals[order])
+        # The same table in GPU memory takes the grid-stride kernel: the one-block-per-row kernel
+        # is for the address translation of host memory read over PCIe.
+        with torch_direct.experimental(gather_kernel=None, gather_window_rows=None):
+            d = torch_direct.cpu_alias(u).cuda()
+            used, y = kernels_and_rows(table=d)
+            del d
+        self.assertEqual(used, {"gather_kernel"})
+        self.assertEqual(y, vals[order])
 
     def test_fp8_scaled_kernel(self):
         # The scaled gather's kernel against the same arithmetic done by torch: every width

@@ -19,9 +19,10 @@ VARIABLE = "TORCH_DIRECT_EXPERIMENTAL"
 
 # name -> what it does; the same names as kSettings in csrc/aten/Experimental.h.
 SETTINGS = {
-    "gather_kernel": "rowblock | grid: the CUDA gather's read kernel on any table (default: by table size)",
+    "gather_kernel": "rowblock | grid: the CUDA gather's read kernel on any table (default: rowblock on tables "
+                     "of 8 GiB and more in host memory, grid on others)",
     "gather_window_rows": "int >= 0: distinct rows the grid-stride kernel keeps in flight "
-                          "(default: none below 8 GiB tables, 2048 above)",
+                          "(default: 2048 on tables of 8 GiB and more in host memory, none on others)",
     "gather_max_unit": "int >= 1: cap on the bytes of each load, 16/8/4/2/1 (default: 16)",
     "gather_own_pool": "0 | 1: the CPU gather uses a thread pool of its own instead of ATen's (default: 0)",
     "cpu_gather_prefetch": "int >= 0: rows ahead whose cache lines the CPU gather requests early (default: 0)",

@@ -299,8 +299,9 @@ int64_t window_rows(int64_t table_bytes) {
 // kernel did not (H200, 32 GB, 400K random indices, ours / naive_uva_sorted at 128 / 256 / 512 /
 // 1024 B: 1.00 / 1.01 / 1.05 / 1.06 against 0.95 / 0.92 / 0.86 / 1.05;
 // results/gather_32gb_kernel-*.json), so it is the default on tables of kLargeTableBytes and
-// more; the grid-stride kernel keeps smaller tables (where it reaches 0.9x memcpy) and any
-// gather capped to max_sms SMs (one block per row cannot be capped).
+// more in host memory; the grid-stride kernel keeps smaller tables (where it reaches 0.9x
+// memcpy), tables in GPU memory (launch_rows passes them as 0 bytes) and any gather capped to
+// max_sms SMs (one block per row cannot be capped).
 // The experimental gather_kernel=rowblock or =grid forces one kernel on any table.
 bool use_row_per_block(int64_t table_bytes) {
   if (const auto k = torch_direct::experimental::get("gather_kernel")) {
@@ -346,12 +347,15 @@ int copy_unit(int64_t row_bytes, int64_t stride_bytes, const void* in, const voi
 }
 
 // Either read kernel over n entries of `chunks` chunks (of V elements) each.
+// `host`: the table lies in host memory (unified), read over PCIe. Only there do a large table's
+// reads hit the address-translation limit that the one-block-per-row kernel and the window of
+// rows in flight are for; a table in GPU memory always takes the grid-stride kernel, unwindowed.
 template <typename in_t, typename out_t, int V, typename key_t>
 void launch_rows(const char* table, int64_t stride_bytes, int64_t rows, const key_t* keys,
                  const int32_t* pos, int64_t n, int64_t chunks, char* out, int64_t out_row_bytes,
-                 bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream,
+                 bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream, bool host,
                  const float* scale = nullptr) {
-  const int64_t table_bytes = rows * stride_bytes;
+  const int64_t table_bytes = host ? rows * stride_bytes : 0;
   if (use_row_per_block(table_bytes) && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max()) {
     const int64_t threads = std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32);
     gather_row_per_block_kernel<in_t, out_t, V, key_t><<<n, threads, 0, stream>>>(
@@ -380,18 +384,19 @@ void with_unit(int unit, F&& f) {
 template <typename key_t>
 void launch_copy(int unit, const char* table, int64_t stride_bytes, int64_t rows,
                  const key_t* keys, const int32_t* pos, int64_t n, int64_t row_bytes, char* out,
-                 bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream) {
+                 bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream, bool host) {
   with_unit(unit, [&](auto unit_tag) {
     using U = decltype(unit_tag);
     launch_rows<U, U, 1, key_t>(table, stride_bytes, rows, keys, pos, n, row_bytes / unit, out,
-                                row_bytes, dedupe, max_sms, device, stream);
+                                row_bytes, dedupe, max_sms, device, stream, host);
   });
 }
 
 template <typename in_t, typename out_t, typename key_t>
 void launch_cast(const char* table, int64_t stride_bytes, int64_t rows, const key_t* keys,
                  const int32_t* pos, int64_t n, int64_t width, char* out, bool dedupe,
-                 int max_sms, c10::DeviceIndex device, cudaStream_t stream, const float* scale) {
+                 int max_sms, c10::DeviceIndex device, cudaStream_t stream, bool host,
+                 const float* scale) {
   // 16-byte loads of a float8 row (16 elements), 4 elements of a wider one
   constexpr int kWide = sizeof(in_t) == 1 ? 16 : 4;
   auto fits = [&](int v) {
@@ -401,13 +406,13 @@ void launch_cast(const char* table, int64_t stride_bytes, int64_t rows, const ke
   const int64_t out_row_bytes = width * static_cast<int64_t>(sizeof(out_t));
   if (fits(kWide)) {
     launch_rows<in_t, out_t, kWide, key_t>(table, stride_bytes, rows, keys, pos, n, width / kWide, out,
-                                           out_row_bytes, dedupe, max_sms, device, stream, scale);
+                                           out_row_bytes, dedupe, max_sms, device, stream, host, scale);
   } else if (kWide != 4 && fits(4)) {
     launch_rows<in_t, out_t, 4, key_t>(table, stride_bytes, rows, keys, pos, n, width / 4, out,
-                                       out_row_bytes, dedupe, max_sms, device, stream, scale);
+                                       out_row_bytes, dedupe, max_sms, device, stream, host, scale);
   } else {
     launch_rows<in_t, out_t, 1, key_t>(table, stride_bytes, rows, keys, pos, n, width, out,
-                                       out_row_bytes, dedupe, max_sms, device, stream, scale);
+                                       out_row_bytes, dedupe, max_sms, device, stream, host, scale);
   }
 }
 
@@ -428,12 +433,13 @@ void launch(const at::Tensor& table, const char* base, int64_t rows, const key_t
   const int64_t width = row_width(table);
   const int64_t stride_bytes = table.stride(0) * table.element_size();
   const auto device = out.device().index();
+  const bool host = is_unified(table);
   char* dst = static_cast<char*>(out.data_ptr());
   if (out.scalar_type() == table.scalar_type()) {
     TORCH_INTERNAL_ASSERT(scale == nullptr, "a scaled gather casts");
     const int64_t row_bytes = width * table.element_size();
     launch_copy<key_t>(copy_unit(row_bytes, stride_bytes, base, dst), base, stride_bytes, rows,
-                       keys, pos, n, row_bytes, dst, dedupe, max_sms, device, stream);
+                       keys, pos, n, row_bytes, dst, dedupe, max_sms, device, stream, host);
     return;
   }
   TORCH_INTERNAL_ASSERT(castable_from(table.scalar_type()) && castable(out.scalar_type()));
@@ -442,7 +448,7 @@ void launch(const at::Tensor& table, const char* base, int64_t rows, const key_t
 #define TD_CAST(IN_ENUM, IN_T, OUT_ENUM, OUT_T)                                               \
   if (in_type == IN_ENUM && out_type == OUT_ENUM) {                                           \
     return launch_cast<IN_T, OUT_T, key_t>(base, stride_bytes, rows, keys, pos, n, width, dst, \
-                                           dedupe, max_sms, device, stream, scale);           \
+                                           dedupe, max_sms, device, stream, host, scale);     \
   }
   TD_CAST(at::kHalf, c10::Half, at::kFloat, float)
   TD_CAST(at::kBFloat16, c10::BFloat16, at::kFloat, float)
