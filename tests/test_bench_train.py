@@ -220,6 +220,16 @@ class TestRepeats(_Tiny):
         self.assertTrue(t["unified epoch seconds (papers100M-like)"]["met"])
         self.assertFalse(t["gpu_resident epoch seconds (papers100M-like)"]["met"])
         self.assertEqual(t["gpu_resident epoch seconds (papers100M-like)"]["want"], "<= 2.5")
+        # unified's figure counts as features in host memory only while its GPU cache holds at
+        # most half the table: beyond that no target involving unified is met, and each says why
+        for share, met in ((0.5, True), (0.97, False)):
+            rec["rows"][0]["feature_store"] = {"kind": "unified", "cache_rows": 97, "cached_share": share}
+            rec["ratios"] = {"gpu_resident_vs_unified": 1.05}
+            add_targets(rec)
+            t = {x["name"].split(" (")[0]: x for x in rec["targets"]}
+            self.assertEqual((t["unified epoch seconds"]["met"], t["gpu_resident_vs_unified"]["met"]), (met, met))
+            self.assertFalse(t["gpu_resident epoch seconds"]["met"])          # 2.6 s either way
+            self.assertEqual("cache held 97% of the table" in t["unified epoch seconds"]["name"], not met)
 
     def test_bad_repeats(self):
         for bad in ("0", "x"):

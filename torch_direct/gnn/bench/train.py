@@ -212,6 +212,17 @@ SPEED_TARGETS = (("unified_vs_cpu_centric", ">=", 4.0), ("unified_vs_pyg", ">=",
                  ("gpu_resident_vs_unified", "<=", 1.10))
 PAPERS_EPOCH_S = {"unified": 3.0, "gpu_resident": 2.5}
 ACC_POINTS = 0.01   # "within noise" / "within one point": one accuracy point
+# unified's figures count as features in host memory while its GPU cache holds at most this
+# share of the table's bytes; beyond it, the speed targets involving unified are not met
+MAX_CACHED_SHARE = 0.5
+
+
+def _cached_share(rows) -> float:
+    """The share of the table's bytes the unified row's GPU cache held (0 without one)."""
+    for r in rows:
+        if r["pipeline"] == "unified":
+            return float((r.get("feature_store") or {}).get("cached_share", 0.0))
+    return 0.0
 
 
 def add_targets(record: dict) -> None:
@@ -220,19 +231,25 @@ def add_targets(record: dict) -> None:
     the accuracy ones hold on any data set."""
     targets = []
     dataset = str(record["args"].get("dataset"))
-    for key, op, want in SPEED_TARGETS:
+    ran = [r for r in record["rows"] if r["status"] == "ok"]
+    share = _cached_share(ran)
+    host = share <= MAX_CACHED_SHARE
+    cached = (f"; unified's GPU cache held {share:.0%} of the table, more than the "
+              f"{MAX_CACHED_SHARE:.0%} a features-in-host-memory figure allows")
+    for key, op, want in SPEED_TARGETS:      # every one involves unified
         v = record["ratios"].get(key)
         if v is not None:
             met = v >= want if op == ">=" else v <= want
-            targets.append({"name": f"{key} ({dataset}; the target is set on products-like)", "value": v,
-                            "want": f"{op} {want}", "met": met})
-    ran = [r for r in record["rows"] if r["status"] == "ok"]
+            targets.append({"name": f"{key} ({dataset}; the target is set on products-like"
+                                    f"{'' if host else cached})", "value": v,
+                            "want": f"{op} {want}", "met": met and host})
     if dataset == "papers100M-like":
         for r in ran:
             want = PAPERS_EPOCH_S.get(r["pipeline"])
             if want is not None:
-                targets.append({"name": f"{r['pipeline']} epoch seconds (papers100M-like)", "value": r["epoch_s"],
-                                "want": f"<= {want}", "met": r["epoch_s"] <= want})
+                ok = host or r["pipeline"] != "unified"
+                targets.append({"name": f"{r['pipeline']} epoch seconds (papers100M-like{'' if ok else cached})",
+                                "value": r["epoch_s"], "want": f"<= {want}", "met": r["epoch_s"] <= want and ok})
     if len(ran) > 1:
         accs = [r["test_acc"] for r in ran]
         spread = max(accs) - min(accs)

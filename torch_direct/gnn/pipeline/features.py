@@ -361,6 +361,7 @@ class CachedFeatureStore(FeatureStore):
     def stats(self) -> dict:
         s = self.store.stats()
         s["cache_rows"] = self.cache_rows
+        s["cached_share"] = self.cache_rows / self.num_rows if self.num_rows else 0.0  # of the table's bytes
         if self.cache is not None:
             s["cache_hit_rate"] = self.hits / self.lookups if self.lookups else 0.0
         return s
