@@ -123,8 +123,6 @@ def parse(argv=None):
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
         if getattr(a, name) and a.store != "unified":
             p.error(f"--{name.replace('_', '-')} applies to --store unified only")
-    if a.cuda_graph and "bf16" in a.precision:
-        p.error("--cuda-graph does not apply to --precision bf16 (autocast's weight cache would be captured)")
     if a.feature_dtype == "fp8" and a.gather_cpu_threads:
         p.error("--gather-cpu-threads does not apply to --feature-dtype fp8 (the hybrid gather reads plain rows)")
     return a

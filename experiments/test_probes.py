@@ -55,7 +55,6 @@ class TestStepFloorProbe(TestCase):
                               (["--aggregate", "sum"], "expected comma-separated aggregations"),
                               (["--sampler-batches", "0"], "--sampler-batches must be positive"),
                               (["--device", "cpu", "--cuda-graph"], "--cuda-graph needs a CUDA device"),
-                              (["--cuda-graph", "--precision", "fp32,bf16"], "does not apply to --precision bf16"),
                               (["--sampler-waits", "none"], "expected comma-separated settings"),
                               (["--sampler-relabel", "radix"], "expected comma-separated settings"),
                               (["--loader-priority", "low"], "expected comma-separated priorities"),

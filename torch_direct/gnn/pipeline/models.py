@@ -161,11 +161,12 @@ class GNN(nn.Module):
 
     def autocast(self, device):
         """The context of this model's arithmetic on ``device``: with precision ``bf16``,
-        autocast to bfloat16 (matmuls and linear layers in bfloat16, weights float32). Entered
-        around each forward pass, never around a whole loop: autocast caches the bfloat16 copies
-        of the weights until it exits, so a loop inside one context would train on stale ones."""
+        autocast to bfloat16 (matmuls and linear layers in bfloat16, weights float32). Without
+        autocast's cache of the weights' bfloat16 copies: each weight is read once a forward
+        pass, so the cache saves nothing, and a step captured as a CUDA graph must cast its
+        weights inside the graph (PyTorch's CUDA-graph notes ask for ``cache_enabled=False``)."""
         if self.precision == "bf16":
-            return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+            return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, cache_enabled=False)
         return nullcontext()
 
     def forward(self, x, adjs):

@@ -132,7 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay the training step as one CUDA graph: captured after 3 eager batches, each "
                         "batch then copied into buffers padded to 10%% more than the largest seen (a larger "
                         "one steps eagerly); the padding changes no logit or gradient of the batch's rows. "
-                        "One launch a step instead of hundreds (CUDA only; fp32 and tf32)")
+                        "One launch a step instead of hundreds (CUDA only; any --precision)")
     p.add_argument("--prefetch", type=nonneg_int, default=2,
                    help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
     p.add_argument("--sample-ahead", type=positive(int), nargs="?", const=1, default=0, metavar="THREADS",
@@ -208,9 +208,6 @@ def check_options(args, device) -> None:
     if getattr(args, "cuda_graph", False):
         if device.type != "cuda":
             raise ValueError("--cuda-graph needs a CUDA device (it replays the step as a CUDA graph)")
-        if args.precision == "bf16":
-            raise ValueError("--cuda-graph does not apply to --precision bf16 (autocast's weight cache "
-                             "would be captured)")
     if args.sample_ahead and args.prefetch == 0:
         raise ValueError("--sample-ahead needs --prefetch > 0 (the sampling thread runs ahead of the loader's)")
     if getattr(args, "sampler_batches", 1) > 1:
