@@ -221,7 +221,8 @@ class TestRepeats(_Tiny):
         self.assertFalse(t["gpu_resident epoch seconds (papers100M-like)"]["met"])
         self.assertEqual(t["gpu_resident epoch seconds (papers100M-like)"]["want"], "<= 2.5")
         # unified's figure counts as features in host memory only while its GPU cache holds at
-        # most half the table: beyond that no target involving unified is met, and each says why
+        # most half the table (papers100M-like's target): beyond that no target involving
+        # unified is met, and each says why
         for share, met in ((0.5, True), (0.97, False)):
             rec["rows"][0]["feature_store"] = {"kind": "unified", "cache_rows": 97, "cached_share": share}
             rec["ratios"] = {"gpu_resident_vs_unified": 1.05}
@@ -230,6 +231,15 @@ class TestRepeats(_Tiny):
             self.assertEqual((t["unified epoch seconds"]["met"], t["gpu_resident_vs_unified"]["met"]), (met, met))
             self.assertFalse(t["gpu_resident epoch seconds"]["met"])          # 2.6 s either way
             self.assertEqual("cache held 97% of the table" in t["unified epoch seconds"]["name"], not met)
+        # elsewhere (products-like) any cache short of the whole table: with all of it, no row
+        # is read from host memory and the ratios say nothing of unified
+        rec["args"]["dataset"] = "products-like"
+        for share, met in ((0.97, True), (1.0, False)):
+            rec["rows"][0]["feature_store"]["cached_share"] = share
+            add_targets(rec)
+            t = {x["name"].split(" (")[0]: x for x in rec["targets"]}
+            self.assertEqual(t["gpu_resident_vs_unified"]["met"], met)
+            self.assertEqual("no row was read from host memory" in t["gpu_resident_vs_unified"]["name"], not met)
 
     def test_bad_repeats(self):
         for bad in ("0", "x"):

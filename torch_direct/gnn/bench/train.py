@@ -213,8 +213,13 @@ SPEED_TARGETS = (("unified_vs_cpu_centric", ">=", 4.0), ("unified_vs_pyg", ">=",
 PAPERS_EPOCH_S = {"unified": 3.0, "gpu_resident": 2.5}
 ACC_POINTS = 0.01   # "within noise" / "within one point": one accuracy point
 # unified's figures count as features in host memory while its GPU cache holds at most this
-# share of the table's bytes; beyond it, the speed targets involving unified are not met
-MAX_CACHED_SHARE = 0.5
+# share of the table's bytes (papers100M-like's target says half; elsewhere a cache may hold
+# anything short of the whole table); beyond it, the speed targets involving unified are not met
+MAX_CACHED_SHARE = {"papers100M-like": 0.5}
+
+
+def max_cached_share(dataset: str) -> float:
+    return MAX_CACHED_SHARE.get(dataset, 1.0)
 
 
 def _cached_share(rows) -> float:
@@ -232,10 +237,11 @@ def add_targets(record: dict) -> None:
     targets = []
     dataset = str(record["args"].get("dataset"))
     ran = [r for r in record["rows"] if r["status"] == "ok"]
-    share = _cached_share(ran)
-    host = share <= MAX_CACHED_SHARE
-    cached = (f"; unified's GPU cache held {share:.0%} of the table, more than the "
-              f"{MAX_CACHED_SHARE:.0%} a features-in-host-memory figure allows")
+    share, limit = _cached_share(ran), max_cached_share(dataset)
+    host = share <= limit if limit < 1.0 else share < 1.0
+    cached = (f"; unified's GPU cache held {share:.0%} of the table, "
+              + (f"more than the {limit:.0%} a features-in-host-memory figure allows" if limit < 1.0
+                 else "so no row was read from host memory"))
     for key, op, want in SPEED_TARGETS:      # every one involves unified
         v = record["ratios"].get(key)
         if v is not None:
