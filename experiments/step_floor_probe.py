@@ -6,9 +6,11 @@ splits a fixed number of batches into its parts, each timed by wall clock with t
 synchronised at both ends, on the same batches and model:
 
   sample     the GPU sampler alone, batch after batch on a stream of its own
-  gather     each sampled batch's feature rows read from GPU memory (index_select)
+  gather     each sampled batch's feature rows read from GPU memory (the store's gather)
   step       the training step alone (forward, loss, backward, Adam) over batches sampled and
              gathered beforehand, cycled (--cached of them)
+  step_fill  with --cuda-graph: of the step, the copies of each batch into the graph's padded
+             buffers alone
   sample_gather   sampling batch i on one stream while batch i-1's rows are gathered on
              another, in a second thread (as the loader does with --sample-ahead): what
              sampling and gathering cost each other on the GPU
@@ -224,6 +226,14 @@ def measure(precision, layers, aggregate, priority, ds, device, sampler, store, 
                     step(cached[i % len(cached)])
                     bar.update(1)
         parts["step"] = seconds(device, steps_alone)
+        if graphed is not None and graphed.buf is not None:
+            # of the graphed step's time, the copy of each batch into the padded buffers
+            def fills():
+                for i in range(n_batches):
+                    b = cached[i % len(cached)]
+                    if graphed.buf.fits(b):
+                        graphed.buf.fill(b)
+            parts["step_fill"] = seconds(device, fills)
         cached.clear()   # the cached batches go before the pipelined parts
 
         for name, ahead in (("together", False), ("together_ahead", True)):
