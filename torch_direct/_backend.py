@@ -147,7 +147,12 @@ def is_unified(t: torch.Tensor) -> bool:
 def cpu_alias(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over the same host bytes as the unified tensor ``t``, with no copy:
     CPU code (index_select, numpy) reads and writes ``t``'s memory in place. It keeps ``t``'s
-    storage alive. ``t.cpu()`` copies instead, as for any device."""
+    storage alive. ``t.cpu()`` copies instead, as for any device.
+
+    The host bytes are page-locked in pieces of at most ``TORCH_DIRECT_REGISTER_CHUNK_MB``
+    (default 1024 MiB), and one CUDA copy may not span two of them: stock torch's copy of a
+    larger alias to a GPU (``cpu_alias(t).cuda()``) fails with "invalid argument". Copy ``t``
+    itself (``t.to("cuda")``), which is split at those bounds."""
     if not is_unified(t):
         raise TypeError(f"cpu_alias: expected a unified tensor, got one on {t.device}"
                         if isinstance(t, torch.Tensor) else f"cpu_alias: expected a tensor, got {type(t).__name__}")
