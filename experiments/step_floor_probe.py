@@ -95,9 +95,10 @@ def parse(argv=None):
     p.add_argument("--sampler-batches", type=int, default=1, metavar="K",
                    help="batches the GPU sampler samples in one call, in the sample and pipelined parts "
                         "(as train --sampler-batches; default: %(default)s)")
-    p.add_argument("--cuda-graph", action="store_true",
-                   help="replay each training step as a CUDA graph, as train --cuda-graph does (captured "
-                        "during the warm-up; CUDA only; fp32 and tf32)")
+    p.add_argument("--cuda-graph", type=int, nargs="?", const=1, default=0, choices=(1, 2), metavar="BUFFERS",
+                   help="replay each training step as a CUDA graph, as train --cuda-graph [BUFFERS] does "
+                        "(captured during the warm-up; CUDA only; BUFFERS 2: two sets of buffers used in turn, "
+                        "each batch copied in beside the other set's replay)")
     p.add_argument("--loader-priority", type=_choices("priorities", STREAM_PRIORITIES), default=["normal"],
                    help="comma-separated priorities of the loader's CUDA streams in the together parts, as "
                         "train's --loader-priority (default: normal)")
@@ -152,8 +153,8 @@ def measure(precision, layers, aggregate, priority, ds, device, sampler, store, 
     for layer in model.layers:
         if isinstance(layer, SAGELayer):
             layer.aggregate = aggregate
-    opt = make_optimizer(model, 3e-3, capturable=a.cuda_graph)
-    graphed = GraphedStep(model, opt, a.batch_size) if a.cuda_graph else None
+    opt = make_optimizer(model, 3e-3, capturable=bool(a.cuda_graph))
+    graphed = GraphedStep(model, opt, a.batch_size, buffers=a.cuda_graph) if a.cuda_graph else None
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
     on_side = (lambda: torch.cuda.stream(side)) if side is not None else nullcontext  # noqa: E731
 
@@ -219,6 +220,11 @@ def measure(precision, layers, aggregate, priority, ds, device, sampler, store, 
 
         cached = [batch(sb) for sb in sampled[:a.cached]]
         sampled.clear()
+        if device.type == "cuda":   # ready from here on (what a graphed step's copy on its own stream waits for)
+            ready = torch.cuda.Event()
+            ready.record()
+            for b in cached:
+                b.ready = ready
 
         def steps_alone():
             with progress(n_batches, f"{precision} step", show) as bar:
@@ -226,13 +232,13 @@ def measure(precision, layers, aggregate, priority, ds, device, sampler, store, 
                     step(cached[i % len(cached)])
                     bar.update(1)
         parts["step"] = seconds(device, steps_alone)
-        if graphed is not None and graphed.buf is not None:
+        if graphed is not None and graphed.bufs:
             # of the graphed step's time, the copy of each batch into the padded buffers
             def fills():
                 for i in range(n_batches):
                     b = cached[i % len(cached)]
-                    if graphed.buf.fits(b):
-                        graphed.buf.fill(b)
+                    if graphed.bufs[0].fits(b):
+                        graphed.bufs[0].fill(b)
             parts["step_fill"] = seconds(device, fills)
         cached.clear()   # the cached batches go before the pipelined parts
 

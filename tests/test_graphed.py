@@ -134,6 +134,8 @@ class TestGraphedStep(_Tiny):
             GraphedStep(None, None, 64, warmup=0)
         with self.assertRaisesRegex(ValueError, "margin"):
             GraphedStep(None, None, 64, margin=-1)
+        with self.assertRaisesRegex(ValueError, "buffers must be 1 or 2, got 3"):
+            GraphedStep(None, None, 64, buffers=3)
 
     def test_on_the_cpu_every_step_is_eager_and_the_same(self):
         batches = self.batches(5)
@@ -162,19 +164,46 @@ class TestGraphedStep(_Tiny):
                 self.assertIsNone(t.grad_fn)
                 self.assertFalse(t.requires_grad)
 
+    @requires_gpu
+    def test_two_buffer_sets_step_as_one(self):
+        # Batches without a ready event (prefetch=0: made on the training stream): the copies on
+        # the fill stream wait for the training stream; every loss is the one-set run's.
+        batches = self.batches(12, device="cuda")
+        self.assertTrue(all(b.ready is None for b in batches))
+        runs = {}
+        for buffers in (1, 2):
+            torch.manual_seed(0)
+            model = GNN("sage", self.ds.num_features, 16, self.ds.num_classes, 2, dropout=0.0,
+                        use_pyg=False).cuda()
+            opt = make_optimizer(model, 1e-2, capturable=True)
+            step = GraphedStep(model, opt, 64, warmup=2, buffers=buffers)
+            runs[buffers] = [float(step(b)[0]) for b in batches]
+            st = step.stats()
+            self.assertEqual(st["note"], "")
+            self.assertEqual(st["buffers"], buffers)
+            self.assertGreater(st["replays"], st["eager_steps"])
+        self.assertEqual(runs[2], runs[1], atol=1e-5, rtol=1e-5)
+
 
 class TestOption(_Tiny):
     def run_train(self, *argv):
         from torch_direct.__main__ import main
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = main(["train", "--root", self.tmp.name, "--no-progress", "--epochs", "1", *argv])
+            try:
+                code = main(["train", "--root", self.tmp.name, "--no-progress", "--epochs", "1", *argv])
+            except SystemExit as e:   # argparse's refusal of an option
+                code = e.code
         return code, err.getvalue()
 
     def test_refused_where_it_cannot_run(self):
-        code, err = self.run_train("--cuda-graph", "--device", "cpu")
+        for argv in (["--cuda-graph"], ["--cuda-graph", "2"]):
+            code, err = self.run_train(*argv, "--device", "cpu")
+            self.assertEqual(code, 2, msg=argv)
+            self.assertIn("--cuda-graph needs a CUDA device", err)
+        code, err = self.run_train("--cuda-graph", "3", "--device", "cpu")
         self.assertEqual(code, 2)
-        self.assertIn("--cuda-graph needs a CUDA device", err)
+        self.assertIn("argument --cuda-graph: invalid choice: 3", err)
 
     @requires_gpu
     def test_graphed_training_matches_eager(self):
@@ -184,24 +213,30 @@ class TestOption(_Tiny):
         from torch_direct.gnn.pipeline import train
         from argparse import ArgumentParser
         recs = {}
+        # --cuda-graph 2: two sets of buffers and graphs used in turn, each batch copied in on a
+        # stream of its own beside the other set's replay (the loader's batches carry their event).
         runs = [("builtin", "fp32", 1e-3), ("builtin", "bf16", 1e-2)] + ([("pyg", "fp32", 1e-3)] if have_pyg() else [])
         for layers, precision, tol in runs:
-            for graphed in (False, True):
+            for graphed in (False, True, 2):
                 p = ArgumentParser()
                 train.add_arguments(p)
                 args = p.parse_args(["--root", self.tmp.name, "--no-progress", "--epochs", "3", "--dropout", "0",
                                      "--layers", layers, "--batch-size", "64", "--device", "cuda",
-                                     "--precision", precision] + (["--cuda-graph"] if graphed else []))
+                                     "--precision", precision]
+                                    + (["--cuda-graph"] if graphed is True else ["--cuda-graph", "2"] if graphed else []))
                 with contextlib.redirect_stdout(io.StringIO()):
                     recs[layers, graphed] = train.run(args)
-            g = recs[layers, True]["cuda_graph"]
-            what = f"{layers} {precision}"
-            self.assertEqual(g["note"], "", msg=what)
-            self.assertGreater(g["replays"], g["eager_steps"], msg=what)
-            losses = [(e0["loss"], e1["loss"]) for e0, e1 in zip(recs[layers, False]["epochs"], recs[layers, True]["epochs"])]
-            for l0, l1 in losses:
-                self.assertEqual(l1, l0, atol=tol, rtol=tol, msg=what)
-            self.assertLess(losses[-1][1], losses[0][1], msg=what)   # it learns: the weights move each replay
+            for graphed, buffers in ((True, 1), (2, 2)):
+                g = recs[layers, graphed]["cuda_graph"]
+                what = f"{layers} {precision}, {buffers} buffer set(s)"
+                self.assertEqual(g["note"], "", msg=what)
+                self.assertEqual(g["buffers"], buffers, msg=what)
+                self.assertGreater(g["replays"], g["eager_steps"], msg=what)
+                losses = [(e0["loss"], e1["loss"]) for e0, e1 in zip(recs[layers, False]["epochs"],
+                                                                     recs[layers, graphed]["epochs"])]
+                for l0, l1 in losses:
+                    self.assertEqual(l1, l0, atol=tol, rtol=tol, msg=what)
+                self.assertLess(losses[-1][1], losses[0][1], msg=what)   # it learns: the weights move each replay
 
 
 if __name__ == "__main__":

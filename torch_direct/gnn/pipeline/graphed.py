@@ -25,6 +25,12 @@ largest sizes they had plus ``margin``, warms the step up on a side stream (the 
 optimizer are put back as they were after), captures it and replays it from then on. A batch
 larger than a capacity takes the eager step (counted in ``misses``). Where the capture fails
 (an op that waits for the host, say), the run continues eagerly and ``note`` says why.
+
+With ``buffers=2`` there are two sets of buffers, each with a graph of its own (captured in a
+memory pool of its own), used in turn: a batch is copied into one set on a stream of its own
+while the graph of the other set still runs, so the copies leave the training stream's path.
+The copy waits for the batch's own ``ready`` event (set by the pipelined loader; without one,
+for the training stream's work so far) and for the last replay that read that set.
 """
 
 from __future__ import annotations
@@ -108,32 +114,52 @@ class GraphedStep:
     (loss, the seeds' logits), as :func:`eager_step`; the tensors of a replay are overwritten by
     the next one, so read them on the same stream before it (the training loop does)."""
 
-    def __init__(self, model, opt, batch_size: int, *, warmup: int = 3, margin: float = 0.1):
+    def __init__(self, model, opt, batch_size: int, *, warmup: int = 3, margin: float = 0.1,
+                 buffers: int = 1):
+        if buffers not in (1, 2):
+            raise ValueError(f"GraphedStep: buffers must be 1 or 2, got {buffers!r}")
         if warmup < 1:
             raise ValueError(f"GraphedStep: warmup must be >= 1, got {warmup}")
         if margin < 0:
             raise ValueError(f"GraphedStep: margin must be >= 0, got {margin}")
         self.model, self.opt, self.batch_size = model, opt, batch_size
-        self.warmup, self.margin = warmup, margin
+        self.warmup, self.margin, self.buffers = warmup, margin, buffers
         self.seen: list = []
-        self.buf: PaddedBatch | None = None
-        self.graph = None
+        self.bufs: list[PaddedBatch] = []
+        self.graphs: list = []
+        self.outs: list = []
         self.note = ""
         self.replays = self.misses = self.eager = 0
-        self._loss = self._out = None
+        self._turn = 0
+        self._fill_stream = None
+        self._released: list = []   # per set: the event after the last replay that read it
+
+    @property
+    def graph(self):
+        """The captured graph (of the first set of buffers), or None before the capture."""
+        return self.graphs[0] if self.graphs else None
 
     def stats(self) -> dict:
         return {"replays": self.replays, "eager_steps": self.eager, "misses": self.misses,
-                "capacities": [list(c) for c in self.buf.caps] if self.buf is not None else None,
-                "note": self.note}
+                "capacities": [list(c) for c in self.bufs[0].caps] if self.bufs else None,
+                "buffers": self.buffers, "note": self.note}
 
     def __call__(self, b):
-        if self.graph is not None:
-            if self.buf.fits(b):
-                self.buf.fill(b)
-                self.graph.replay()
+        if self.graphs:
+            if self.bufs[0].fits(b):
+                k = self._turn
+                self._turn = (k + 1) % len(self.graphs)
+                if len(self.graphs) == 1:
+                    self.bufs[0].fill(b)
+                else:
+                    self._fill_beside(k, b)
+                self.graphs[k].replay()
+                if len(self.graphs) > 1:
+                    self._released[k] = torch.cuda.Event()
+                    self._released[k].record()
                 self.replays += 1
-                return self._loss, self._out[:b.batch_size]
+                loss, out = self.outs[k]
+                return loss, out[:b.batch_size]
             self.misses += 1
         elif not self.note:
             self.seen.append(batch_sizes(b))
@@ -164,9 +190,11 @@ class GraphedStep:
         if not b.x.is_cuda:
             self.note = "no CUDA graph on the CPU: every step eager"
             return
-        buf = PaddedBatch(self.capacities(), self.batch_size + 1, b.x.shape[1], b.x.dtype,
-                          b.adjs[0][0].dtype, b.x.device)
-        buf.fill(b)
+        bufs = [PaddedBatch(self.capacities(), self.batch_size + 1, b.x.shape[1], b.x.dtype,
+                            b.adjs[0][0].dtype, b.x.device) for _ in range(self.buffers)]
+        for buf in bufs:
+            buf.fill(b)
+        buf = bufs[0]
         saved_model = copy.deepcopy(model.state_dict())
         saved_opt = copy.deepcopy(opt.state_dict())
         rng = torch.cuda.get_rng_state(b.x.device)
@@ -181,20 +209,42 @@ class GraphedStep:
             model.load_state_dict(saved_model)
             opt.load_state_dict(saved_opt)
             torch.cuda.set_rng_state(rng, b.x.device)
-            graph = torch.cuda.CUDAGraph()
-            opt.zero_grad(set_to_none=True)
-            # thread_local: the loader's threads keep using CUDA (their own streams, host
-            # syncs) while this thread captures; in the default global mode any such call
-            # invalidates the capture.
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self._loss, self._out = self._padded_step(buf, zero_grad=False)
+            graphs, outs = [], []
+            for each in bufs:   # a graph per set, each in a pool of its own (none reads another's memory)
+                graph = torch.cuda.CUDAGraph()
+                opt.zero_grad(set_to_none=True)
+                # thread_local: the loader's threads keep using CUDA (their own streams, host
+                # syncs) while this thread captures; in the default global mode any such call
+                # invalidates the capture.
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    outs.append(self._padded_step(each, zero_grad=False))
+                graphs.append(graph)
         except Exception as e:   # an op that cannot be captured: the run goes on eagerly
             model.load_state_dict(saved_model)
             opt.load_state_dict(saved_opt)
             _release_generator(b.x.device, rng)
             self.note = f"the step could not be captured as a CUDA graph ({type(e).__name__}: {e}); every step eager"
             return
-        self.buf, self.graph = buf, graph
+        self.bufs, self.graphs, self.outs = bufs, graphs, outs
+        self._released = [None] * len(bufs)
+        if len(bufs) > 1:
+            self._fill_stream = torch.cuda.Stream(b.x.device)
+
+    def _fill_beside(self, k: int, b) -> None:
+        """Copy batch ``b`` into set ``k`` on the fill stream, and make the training stream wait
+        for the copy (not for anything before it)."""
+        cur = torch.cuda.current_stream(b.x.device)
+        fs = self._fill_stream
+        ready = getattr(b, "ready", None)
+        if ready is not None:
+            fs.wait_event(ready)
+        else:   # no event of its own: the batch is whatever the training stream did so far
+            fs.wait_stream(cur)
+        if self._released[k] is not None:
+            fs.wait_event(self._released[k])
+        with torch.cuda.stream(fs):
+            self.bufs[k].fill(b)
+        cur.wait_stream(fs)
 
     def _padded_step(self, buf: PaddedBatch, zero_grad: bool = True):
         if zero_grad:

@@ -132,6 +132,7 @@ class _Epoch:
             cur.wait_event(event)
             for t in batch_tensors(batch):
                 t.record_stream(cur)
+            batch.ready = event   # for work on another stream (GraphedStep's copies with two buffer sets)
         self.batches += 1
         return batch
 

@@ -128,11 +128,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "a core to launch its kernels (16 threads on 16 cores took the step from 2.6 to 5.9 s "
                         "an epoch on papers100M-like); 0 = the GPU reads every row "
                         "(default: %(default)s)")
-    p.add_argument("--cuda-graph", action="store_true",
+    p.add_argument("--cuda-graph", type=int, nargs="?", const=1, default=0, choices=(1, 2), metavar="BUFFERS",
                    help="replay the training step as one CUDA graph: captured after 3 eager batches, each "
                         "batch then copied into buffers padded to 10%% more than the largest seen (a larger "
                         "one steps eagerly); the padding changes no logit or gradient of the batch's rows. "
-                        "One launch a step instead of hundreds (CUDA only; any --precision)")
+                        "One launch a step instead of hundreds (CUDA only; any --precision). BUFFERS 2: two "
+                        "sets of buffers with a graph each, used in turn, a batch copied into one on a stream "
+                        "of its own while the other's graph runs (default without a number: 1)")
     p.add_argument("--prefetch", type=nonneg_int, default=2,
                    help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
     p.add_argument("--sample-ahead", type=positive(int), nargs="?", const=1, default=0, metavar="THREADS",

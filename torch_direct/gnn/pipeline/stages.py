@@ -24,6 +24,9 @@ class Batch:
     adjs: list
     batch_size: int
     n_id: torch.Tensor
+    # the CUDA event after which the tensors above are ready (set by the pipelined loader; None:
+    # ready on the consumer's stream)
+    ready: object = None
 
 
 def sampled_tensors(sb):

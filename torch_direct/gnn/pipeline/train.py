@@ -176,8 +176,9 @@ def _run(args, ctx, make_batches) -> dict:
     if ctx is not None:
         from torch.nn.parallel import DistributedDataParallel
         step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = make_optimizer(model, args.lr, capturable=getattr(args, "cuda_graph", False))
-    graphed = GraphedStep(step_model, opt, args.batch_size) if getattr(args, "cuda_graph", False) else None
+    buffers = int(getattr(args, "cuda_graph", 0) or 0)
+    opt = make_optimizer(model, args.lr, capturable=buffers > 0)
+    graphed = GraphedStep(step_model, opt, args.batch_size, buffers=buffers) if buffers else None
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
               "world_size": 1 if ctx is None else ctx.world, "dataset": repr(ds), "backend": model.backend,
               **source.info, "reorder": args.reorder, "reorder_s": reorder_s, "precision": args.precision,
