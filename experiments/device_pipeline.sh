@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-overlap|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-overlap|products-target|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -17,6 +17,10 @@
 #   gpu_resident with `--graph gpu`, then unified with `--graph gpu --sample-ahead` and with
 #   `--graph gpu --gather-sms 66` and `33` (products-overlap: these alone, without the
 #   four-pipeline run, whose PyG row takes about 6 minutes).
+# - products-target: products-like, CSR on the GPU, --reorder frequency, float16 features: the
+#   median of three runs of unified (a cache of CACHE_MB MiB, default 384: 82% of the rows),
+#   gpu_resident and cpu_centric in one call; then unified and gpu_resident with float16 and with
+#   float8 tables at the same FP8_CACHE_MB (default 192: 41% / 79% of the rows).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
 # - papers: papers100M-like generated (timed), then `bench train` unified with
 #   the CSR in host memory, with `--graph gpu`, and with `--graph gpu --sample-ahead
@@ -61,7 +65,10 @@
 # - papers-graphed: papers100M-like, CSR on the GPU, the step replayed as a CUDA graph
 #   (--cuda-graph --layers builtin, AHEAD sampling threads, default 3): gpu_resident, then unified
 #   with a cache of CACHE_MB MiB (default 13500: under half of the 28.4 GB table) and 12 hybrid
-#   threads, the model in PRECISION (fp32 or tf32; default fp32);
+#   threads, the model in PRECISION (fp32, tf32 or bf16; default fp32), the table as FEATURE_DTYPE
+#   (default stored; fp8: float8 rows and no CPU threads, which copy rows as stored; set CACHE_MB
+#   to 6990 for half of that table), GRAPH_BUFFERS sets of graphed buffers (1 or 2; default 1);
+#   GRAPHED_PIPELINES picks the runs (default "gpu_resident unified");
 #   papers-graphed-levers: that unified run under each experimental setting of LEVERS (default:
 #   sampler_relabel=hash, then feature_pages=huge).
 # - unified-probe: experiments/step_floor_probe.py on papers100M-like with --store unified (cache
@@ -246,10 +253,26 @@ case "$what" in
       --test-nodes 100000 ;;
   papers-graphed)  # the graphed step with its padding spread over rows (docs/pipeline.md)
     papers_data_once
-    common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32}"
-    bench papers100M-like_graphed_gpu-resident 150 $common --pipelines gpu_resident
-    bench papers100M-like_graphed_unified 200 $common --pipelines unified --cache-mb "${CACHE_MB:-13500}" \
-      --gather-cpu-threads 12 ;;
+    common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32}"
+    fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}
+    threads="--gather-cpu-threads 12"; [ "$fd" = fp8 ] && threads=""
+    for p in ${GRAPHED_PIPELINES:-gpu_resident unified}; do
+      case "$p" in
+        gpu_resident) bench "papers100M-like_graphed_gpu-resident_$tag" 150 $common --pipelines gpu_resident --feature-dtype "$fd" ;;
+        unified) bench "papers100M-like_graphed_unified_$tag" 200 $common --pipelines unified --feature-dtype "$fd" \
+          --cache-mb "${CACHE_MB:-13500}" $threads ;;
+        *) echo "papers-graphed: unknown pipeline $p in GRAPHED_PIPELINES (gpu_resident, unified)" >&2 ;;
+      esac
+    done ;;
+  products-target)  # the products-like target: median of three runs of each pipeline in one call, float16
+    # features and a cache below the whole table, then float16 against float8 at the same cache bytes
+    pc="--dataset products-like --epochs 2 --graph gpu --reorder frequency --test-nodes 100000"
+    bench products-like_median3_fp16_cache${CACHE_MB:-384} 420 $pc --pipelines unified,gpu_resident,cpu_centric \
+      --repeats 3 --feature-dtype fp16 --cache-mb "${CACHE_MB:-384}"
+    for fd in fp16 fp8; do
+      bench products-like_cache${FP8_CACHE_MB:-192}_$fd 150 $pc --pipelines unified,gpu_resident \
+        --feature-dtype $fd --cache-mb "${FP8_CACHE_MB:-192}"
+    done ;;
   papers-graphed-levers)  # the same unified run with each experimental lever (docs/pipeline.md, docs/gather.md)
     papers_data_once
     common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32}"
@@ -285,5 +308,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, papers-graphed, papers-graphed-levers, floor-probe, unified-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, hugepages, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-target, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, papers-graphed, papers-graphed-levers, floor-probe, unified-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, hugepages, pyg-wheels, all)" >&2; exit 2 ;;
 esac

@@ -86,7 +86,8 @@ def _papers_graphed(r):
     return f"{s(u, 2)} / {s(g, 2)} ({x(u / g, 2)}); test accuracy {' / '.join(f'{a:.4f}' for a in sorted(acc))}"
 
 
-PRODUCTS_OGB = "train_products-like_median3-86c851a.json"
+PRODUCTS_OGB = "train_products-like_median3-7c3fc28_fp16_cache384.json"
+PAPERS_BF16 = "train_papers100M-like_graphed-7c3fc28_bf16_unified_cache13500.json"
 
 
 def _products_ogb(r):
@@ -97,7 +98,7 @@ def _products_ogb(r):
 
 FP8 = {"papers": ("train_papers100M-like_hash-86c851a_unified_tf32_fp16.json",
                   "train_papers100M-like_hash-86c851a_unified_tf32_fp8.json"),
-       "products": ("train_products-like_hash-86c851a_fp16.json", "train_products-like_hash-86c851a_fp8.json")}
+       "products": ("train_products-like_cache192-7c3fc28_fp16.json", "train_products-like_cache192-7c3fc28_fp8.json")}
 
 
 def _fp8(r):
@@ -109,7 +110,7 @@ def _fp8(r):
     return "; ".join(out)
 
 
-# (what was measured, the records, their figure(s) as the README writes them); the first three
+# (what was measured, the records, their figure(s) as the README writes them); the first four
 # rows are on today's presets, the others on the presets of generator version 1
 ROWS = [
     ("papers100M-like as OGB's (3.23 billion CSR entries; 28.4 GB of float16 features in host "
@@ -118,14 +119,17 @@ ROWS = [
      "all-in-GPU (unified against all-in-GPU)",
      list(PAPERS_GRAPHED.values()),
      _papers_graphed),
+    ("the same unified run with the graphed step in bfloat16 (`--precision bf16`)",
+     [PAPERS_BF16],
+     lambda r: f"{s(epoch(r[PAPERS_BF16], 'unified'), 2)}; test accuracy {r[PAPERS_BF16]['rows'][0]['test_acc']:.4f}"),
     ("products-like as OGB's (123.7 million CSR entries), median of three runs each in one call, "
-     "eager step, float32 features, 512 MiB GPU cache (55% of the rows): unified / all-in-GPU "
+     "eager step, float16 features, 384 MiB GPU cache (82% of the rows): unified / all-in-GPU "
      "(unified against it) / CPU-centric",
      [PRODUCTS_OGB],
      _products_ogb),
     ("float16 / float8 (e4m3, a scale per row) feature tables, unified, the same GPU cache in bytes "
      "(float8: twice the rows; papers100M-like: 13,500 MiB, 50% / 97% of the rows, no CPU threads; "
-     "products-like: 512 MiB, the whole table either way)",
+     "products-like: 192 MiB, 41% / 79% of the rows)",
      [n for pair in FP8.values() for n in pair],
      _fp8),
     ("products-like epoch: unified features / CPU-centric / PyG `NeighborLoader` / all-in-GPU",
