@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-overlap|products-target|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-overlap|products-target|papers-graphed-buffers|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -17,6 +17,9 @@
 #   gpu_resident with `--graph gpu`, then unified with `--graph gpu --sample-ahead` and with
 #   `--graph gpu --gather-sms 66` and `33` (products-overlap: these alone, without the
 #   four-pipeline run, whose PyG row takes about 6 minutes).
+# - papers-graphed-buffers: papers100M-like, CSR on the GPU, gpu_resident with the step graphed in
+#   PRECISION (default bf16), `--cuda-graph 1` then `--cuda-graph 2` (BUFFER_SETS, default "1 2"):
+#   the batch copies on the training stream against beside the other set's replay.
 # - products-target: products-like, CSR on the GPU, --reorder frequency, float16 features: the
 #   median of three runs of unified (a cache of CACHE_MB MiB, default 384: 82% of the rows),
 #   gpu_resident and cpu_centric in one call; then unified and gpu_resident with float16 and with
@@ -264,6 +267,12 @@ case "$what" in
         *) echo "papers-graphed: unknown pipeline $p in GRAPHED_PIPELINES (gpu_resident, unified)" >&2 ;;
       esac
     done ;;
+  papers-graphed-buffers)  # gpu_resident with one set of graphed buffers, then two (the copies beside the replay)
+    papers_data_once
+    common="--dataset papers100M-like --epochs 2 --graph gpu --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-bf16} --pipelines gpu_resident"
+    for n in ${BUFFER_SETS:-1 2}; do
+      bench "papers100M-like_graphed_gpu-resident_${PRECISION:-bf16}_buffers$n" 150 $common --cuda-graph "$n"
+    done ;;
   products-target)  # the products-like target: median of three runs of each pipeline in one call, float16
     # features and a cache below the whole table, then float16 against float8 at the same cache bytes
     pc="--dataset products-like --epochs 2 --graph gpu --reorder frequency --test-nodes 100000"
@@ -308,5 +317,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-target, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, papers-graphed, papers-graphed-levers, floor-probe, unified-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, hugepages, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-target, papers-graphed-buffers, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, papers-graphed, papers-graphed-levers, floor-probe, unified-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, hugepages, pyg-wheels, all)" >&2; exit 2 ;;
 esac
