@@ -190,6 +190,10 @@ def pin_inplace(t: torch.Tensor) -> torch.Tensor:
     tensor over the same bytes. Pinning the same pages twice is allowed. A
     unified tensor is returned as is.
 
+    Copy a ``t`` larger than one chunk (``TORCH_DIRECT_REGISTER_CHUNK_MB``, default 1024
+    MiB) to a GPU through the returned tensor (``u.to("cuda")``, split at the chunks): the
+    driver refuses stock torch's ``t.cuda()`` across two of them ("invalid argument").
+
     Do not call ``t.share_memory_()`` afterwards: it moves ``t`` to new pages
     and the alias would keep the old ones. Share first, then pin.
     """
