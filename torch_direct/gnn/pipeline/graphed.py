@@ -131,8 +131,8 @@ class GraphedStep:
         self.note = ""
         self.replays = self.misses = self.eager = 0
         self._turn = 0
-        self._fill_stream = None
-        self._released: list = []   # per set: the event after the last replay that read it
+        self._fill_stream = None   # with two sets: the copies' stream
+        self._released: list = []   # with two sets: per set, the event after the last replay that read it
 
     @property
     def graph(self):
@@ -149,13 +149,12 @@ class GraphedStep:
             if self.bufs[0].fits(b):
                 k = self._turn
                 self._turn = (k + 1) % len(self.graphs)
-                if len(self.graphs) == 1:
-                    self.bufs[0].fill(b)
+                if self._fill_stream is None:
+                    self.bufs[k].fill(b)
+                    self.graphs[k].replay()
                 else:
                     self._fill_beside(k, b)
-                self.graphs[k].replay()
-                if len(self.graphs) > 1:
-                    self._released[k] = torch.cuda.Event()
+                    self.graphs[k].replay()
                     self._released[k].record()
                 self.replays += 1
                 loss, out = self.outs[k]
@@ -192,9 +191,8 @@ class GraphedStep:
             return
         bufs = [PaddedBatch(self.capacities(), self.batch_size + 1, b.x.shape[1], b.x.dtype,
                             b.adjs[0][0].dtype, b.x.device) for _ in range(self.buffers)]
-        for buf in bufs:
-            buf.fill(b)
         buf = bufs[0]
+        buf.fill(b)   # for the warm-up; a capture reads no buffer's contents, and every replay fills first
         saved_model = copy.deepcopy(model.state_dict())
         saved_opt = copy.deepcopy(opt.state_dict())
         rng = torch.cuda.get_rng_state(b.x.device)
@@ -226,9 +224,10 @@ class GraphedStep:
             self.note = f"the step could not be captured as a CUDA graph ({type(e).__name__}: {e}); every step eager"
             return
         self.bufs, self.graphs, self.outs = bufs, graphs, outs
-        self._released = [None] * len(bufs)
         if len(bufs) > 1:
             self._fill_stream = torch.cuda.Stream(b.x.device)
+            # recorded again at each replay; waiting on one not yet recorded waits for nothing
+            self._released = [torch.cuda.Event() for _ in bufs]
 
     def _fill_beside(self, k: int, b) -> None:
         """Copy batch ``b`` into set ``k`` on the fill stream, and make the training stream wait
@@ -240,8 +239,7 @@ class GraphedStep:
             fs.wait_event(ready)
         else:   # no event of its own: the batch is whatever the training stream did so far
             fs.wait_stream(cur)
-        if self._released[k] is not None:
-            fs.wait_event(self._released[k])
+        fs.wait_event(self._released[k])
         with torch.cuda.stream(fs):
             self.bufs[k].fill(b)
         cur.wait_stream(fs)
