@@ -135,6 +135,22 @@ papers_data_once() {  # generated once a machine
   [ -f "$DATA/papers100M-like-seed0/meta.json" ] || papers_data
 }
 
+papers_graphed() {  # papers-graphed (its options in the environment, as the header says)
+  papers_data_once
+  local common fd tag threads p
+  common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32}"
+  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}
+  threads="--gather-cpu-threads 12"; [ "$fd" = fp8 ] && threads=""
+  for p in ${GRAPHED_PIPELINES:-gpu_resident unified}; do
+    case "$p" in
+      gpu_resident) bench "papers100M-like_graphed_gpu-resident_$tag" 150 $common --pipelines gpu_resident --feature-dtype "$fd" ;;
+      unified) bench "papers100M-like_graphed_unified_$tag" 200 $common --pipelines unified --feature-dtype "$fd" \
+        --cache-mb "${CACHE_MB:-13500}" $threads ;;
+      *) echo "papers-graphed: unknown pipeline $p in GRAPHED_PIPELINES (gpu_resident, unified)" >&2 ;;
+    esac
+  done
+}
+
 # unified on products-like with the GPU sampler on a GPU copy of the CSR, and the loader's ways
 # of overlapping its work with the training step (docs/pipeline.md)
 products_overlap() {
@@ -255,23 +271,10 @@ case "$what" in
       --pipelines unified --graph gpu --reorder degree --merge-gathers --cache-mb 8192 --sample-ahead \
       --test-nodes 100000 ;;
   papers-graphed)  # the graphed step with its padding spread over rows (docs/pipeline.md)
-    papers_data_once
-    common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32}"
-    fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}
-    threads="--gather-cpu-threads 12"; [ "$fd" = fp8 ] && threads=""
-    for p in ${GRAPHED_PIPELINES:-gpu_resident unified}; do
-      case "$p" in
-        gpu_resident) bench "papers100M-like_graphed_gpu-resident_$tag" 150 $common --pipelines gpu_resident --feature-dtype "$fd" ;;
-        unified) bench "papers100M-like_graphed_unified_$tag" 200 $common --pipelines unified --feature-dtype "$fd" \
-          --cache-mb "${CACHE_MB:-13500}" $threads ;;
-        *) echo "papers-graphed: unknown pipeline $p in GRAPHED_PIPELINES (gpu_resident, unified)" >&2 ;;
-      esac
-    done ;;
+    papers_graphed ;;
   papers-graphed-buffers)  # gpu_resident with one set of graphed buffers, then two (the copies beside the replay)
-    papers_data_once
-    common="--dataset papers100M-like --epochs 2 --graph gpu --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-bf16} --pipelines gpu_resident"
     for n in ${BUFFER_SETS:-1 2}; do
-      bench "papers100M-like_graphed_gpu-resident_${PRECISION:-bf16}_buffers$n" 150 $common --cuda-graph "$n"
+      GRAPH_BUFFERS=$n GRAPHED_PIPELINES=${GRAPHED_PIPELINES:-gpu_resident} PRECISION=${PRECISION:-bf16} papers_graphed
     done ;;
   products-target)  # the products-like target: median of three runs of each pipeline in one call, float16
     # features and a cache below the whole table, then float16 against float8 at the same cache bytes
