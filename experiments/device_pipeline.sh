@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-overlap|products-target|papers-graphed-buffers|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-overlap|products-target|papers-graphed-buffers|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -20,6 +20,11 @@
 # - papers-graphed-buffers: papers100M-like, CSR on the GPU, gpu_resident with the step graphed in
 #   PRECISION (default bf16), `--cuda-graph 1` then `--cuda-graph 2` (BUFFER_SETS, default "1 2"):
 #   the batch copies on the training stream against beside the other set's replay.
+# - step-profile: papers100M-like, CSR on the GPU, gpu_resident, built-in layers, the step in
+#   PRECISION (default bf16) with GRAPH_BUFFERS (default 2) sets of graphed buffers: the floor
+#   probe's parts (sample, gather, step alone and together), then `train --profile` of one epoch
+#   graphed and one eager (PROFILE_MODES, default "graphed eager"; the top kernels of 20 steps:
+#   what the step's time is made of).
 # - products-target: products-like, CSR on the GPU, --reorder frequency, float16 features: the
 #   median of three runs of unified (a cache of CACHE_MB MiB, default 384: 82% of the rows),
 #   gpu_resident and cpu_centric in one call; then unified and gpu_resident with float16 and with
@@ -284,6 +289,20 @@ case "$what" in
     for fd in fp16 fp8; do
       bench products-like_cache${FP8_CACHE_MB:-192}_$fd 150 $pc --pipelines unified,gpu_resident \
         --feature-dtype $fd --cache-mb "${FP8_CACHE_MB:-192}"
+    done ;;
+  step-profile)  # what the graphed step of papers100M-like is made of
+    papers_data_once
+    timeout "${PROBE_LIMIT:-240}" python3 experiments/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
+      --store gpu_resident --layers builtin --precision "${PRECISION:-bf16}" --cuda-graph "${GRAPH_BUFFERS:-2}" \
+      --batches "${PROBE_BATCHES:-200}" --no-progress --out "$OUT/floor_probe_papers100M-like_step.json" \
+      > "$OUT/floor_probe_step.log" 2>&1
+    echo "step-profile probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -15 "$OUT/floor_probe_step.log"
+    for mode in ${PROFILE_MODES:-graphed eager}; do
+      graph=""; [ "$mode" = graphed ] && graph="--cuda-graph ${GRAPH_BUFFERS:-2}"
+      timeout 150 python3 -m torch_direct train --root "$DATA" --dataset papers100M-like --pipeline gpu_resident \
+        --epochs 1 --graph gpu --layers builtin --precision "${PRECISION:-bf16}" --sample-ahead 3 $graph \
+        --test-nodes 1000 --no-progress --profile "$OUT/profile_step_$mode.txt" > "$OUT/profile_step_$mode.log" 2>&1
+      echo "step-profile $mode: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; head -45 "$OUT/profile_step_$mode.txt" | cut -c1-220
     done ;;
   papers-graphed-levers)  # the same unified run with each experimental lever (docs/pipeline.md, docs/gather.md)
     papers_data_once
