@@ -6,7 +6,8 @@ import unittest
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from torch_direct.gnn.pipeline.aggregate import fused_applies, index_add_mean, mean_aggregate
+from torch_direct.gnn.pipeline.aggregate import (fused_applies, index_add_mean, mean_aggregate, relu_dropout,
+                                                 sage_input, sage_input_width)
 from torch_direct.gnn.pipeline.models import GNN, SAGELayer
 
 
@@ -116,6 +117,54 @@ class _Cases:
         for p, q in ((layer.lin_l.weight, w_l), (layer.lin_l.bias, b_l), (layer.lin_r.weight, w_r)):
             self.assertEqual(p.grad, q.grad, atol=1e-4, rtol=1e-4)
 
+    def test_sage_input_holds_means_own_rows_and_ones(self):
+        # odd widths too: the zero columns pad each row to a multiple of 8
+        for features, width in ((32, 72), (3, 8), (5, 16)):
+            src, dst = block(90, 30, 6, device=self.device)
+            x = torch.randn(90, features, device=self.device, requires_grad=True)
+            a = sage_input(x, src, dst, 30)
+            self.assertEqual(sage_input_width(features), width)
+            self.assertEqual(a.shape, (30, width))
+            ref_x = x.detach().clone().requires_grad_()
+            ref = torch.cat([index_add_mean(ref_x, src, dst, 30), ref_x[:30], torch.ones(30, 1, device=self.device),
+                             torch.zeros(30, width - 2 * features - 1, device=self.device)], 1)
+            self.assertEqual(a, ref, atol=1e-5, rtol=1e-5)
+            g = torch.randn_like(a)
+            a.backward(g)
+            ref.backward(g)
+            self.assertEqual(x.grad, ref_x.grad, atol=1e-5, rtol=1e-5)
+
+    def test_sage_input_casts_rows_and_refuses_bad_shapes(self):
+        src, dst = block(40, 10, 4, device=self.device)
+        x = torch.randn(40, 16, device=self.device, dtype=torch.float16, requires_grad=True)
+        a = sage_input(x, src, dst, 10, torch.bfloat16)
+        self.assertEqual(a.dtype, torch.bfloat16)
+        self.assertEqual(a[:, 16:32], x.detach()[:10].to(torch.bfloat16))
+        a.float().sum().backward()
+        self.assertEqual(x.grad.dtype, torch.float16)
+        with self.assertRaisesRegex(ValueError, "n_dst \\(41\\) is more than x's 40 rows"):
+            sage_input(x, src, dst, 41)
+        with self.assertRaisesRegex(ValueError, "needs float32/float16/bfloat16 rows"):
+            sage_input(x.detach().double(), src, dst, 10)
+
+    def test_the_layer_in_bfloat16_autocast_follows_float32(self):
+        torch.manual_seed(0)
+        layer = SAGELayer(64, 32).to(self.device)
+        src, dst = block(300, 100, 8, device=self.device)
+        x = torch.randn(300, 64, device=self.device)
+        edge_index = torch.stack([src, dst])
+        with torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16, cache_enabled=False):
+            low = layer(x, edge_index, (300, 100))
+        self.assertEqual(low.dtype, torch.bfloat16)
+        full = layer(x, edge_index, (300, 100))
+        self.assertEqual(low.float(), full, atol=5e-2, rtol=5e-2)
+        low.float().square().sum().backward()
+        grads = [p.grad.clone() for p in layer.parameters()]
+        layer.zero_grad()
+        full.square().sum().backward()
+        for g, p in zip(grads, layer.parameters()):
+            self.assertEqual(g, p.grad, atol=0.1, rtol=5e-2)
+
     def test_the_layer_is_the_same_with_either_aggregation(self):
         torch.manual_seed(0)
         fused = SAGELayer(32, 16).to(self.device)
@@ -153,6 +202,16 @@ class TestAggregateCPU(_Cases, TestCase):
         with self.assertRaisesRegex(ValueError, "aggregate must be one of"):
             SAGELayer(4, 4, aggregate="sum")
 
+    def test_relu_dropout_off_the_gpu_is_relu_then_dropout(self):
+        x = torch.randn(50, 20)
+        torch.manual_seed(3)
+        a = relu_dropout(x, 0.4, True)
+        torch.manual_seed(3)
+        self.assertEqual(a, torch.nn.functional.dropout(torch.relu(x), 0.4, True))
+        self.assertEqual(relu_dropout(x, 0.4, False), torch.relu(x))
+        with self.assertRaisesRegex(ValueError, "p must be in \\[0, 1\\]"):
+            relu_dropout(x, 1.5, True)
+
     def test_other_dtypes_take_the_stock_ops(self):
         x = torch.randn(10, 4, dtype=torch.float64, requires_grad=True)
         src, dst = block(10, 5, 3)
@@ -187,6 +246,38 @@ class TestAggregateCUDA(_Cases, TestCase):
     def test_papers_sized_first_layer(self):
         # a first block of papers100M-like's size class: ~150k targets, fanout 5, 128 features
         self.check(700_000, 150_000, 5, 128)
+
+    def test_relu_dropout_keeps_positives_at_rate_one_minus_p(self):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            x = torch.randn(1000, 257, device="cuda", dtype=dtype, requires_grad=True)   # odd size: a tail
+            torch.manual_seed(0)
+            out = relu_dropout(x, 0.3, True)
+            kept = out != 0
+            # every output is 0 or relu(x) / 0.7, and only positive inputs pass
+            self.assertEqual(out[kept], (x.detach()[kept].float() / 0.7).to(dtype))
+            self.assertTrue(bool((x.detach()[kept] > 0).all()))
+            rate = kept.sum().item() / (x.detach() > 0).sum().item()
+            self.assertLess(abs(rate - 0.7), 0.01)   # ~128K positives: the binomial sd is 0.0013
+            g = torch.randn_like(out)
+            out.backward(g)
+            self.assertEqual(x.grad, torch.where(kept, (g.float() / 0.7).to(dtype), torch.zeros_like(g)))
+            torch.manual_seed(0)   # the seed repeats the draws; the next call draws new ones
+            again = relu_dropout(x.detach(), 0.3, True)
+            self.assertEqual(again, out.detach())
+            self.assertNotEqual(relu_dropout(x.detach(), 0.3, True), out.detach())
+
+    def test_relu_dropout_draws_anew_on_each_replay(self):
+        x = torch.rand(64, 512, device="cuda") + 0.1   # all positive: the mask alone decides
+        relu_dropout(x, 0.5, True)   # first use off the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = relu_dropout(x, 0.5, True)
+        graph.replay()
+        first = out.clone()
+        graph.replay()
+        self.assertNotEqual(first != 0, out != 0)
+        for o in (first, out):
+            self.assertLess(abs((o != 0).float().mean().item() - 0.5), 0.02)
 
     def test_captured_in_a_cuda_graph(self):
         src, dst = block(400, 100, 12, device="cuda")

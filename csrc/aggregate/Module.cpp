@@ -4,14 +4,17 @@
 #include <torch/extension.h>
 
 #include "MeanAggregate.h"
+#include "ReluDropout.h"
 
 PYBIND11_MODULE(_aggregate, m) {
   namespace agg = torch_direct::aggregate;
   using no_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
-  m.doc() = "Mean aggregation over a sampled block's edges without an edge-by-feature copy";
+  m.doc() = "Mean aggregation over a sampled block's edges without an edge-by-feature copy; ReLU and dropout in one pass";
   m.def("mean_forward", &agg::mean_forward, no_gil());
   m.def("mean_backward", &agg::mean_backward, no_gil());
 #ifdef TORCH_DIRECT_WITH_CUDA
+  m.def("relu_dropout_forward", &agg::relu_dropout_forward, no_gil());
+  m.def("relu_dropout_backward", &agg::relu_dropout_backward, no_gil());
   m.attr("has_cuda") = true;
 #else
   m.attr("has_cuda") = false;

@@ -31,11 +31,99 @@ class _FusedMean(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
-        degree, src, dst = ctx.saved_tensors
-        grad_x = _aggregate.mean_backward(grad_out.contiguous(), degree, src, dst, ctx.n_src)
-        return grad_x.to(ctx.x_dtype), None, None, None, None
+        return _grad_of_x(ctx, grad_out.contiguous())
+
+
+def _grad_of_x(ctx, grad_means, grad_own=None):
+    """The backward of the functions below: each target's mean's gradient scattered to its
+    sources' rows, plus ``grad_own`` (the targets' own rows' gradient, if any) on x's first
+    rows, summed in float32 and cast to x's dtype once; Nones for the other inputs."""
+    if not ctx.needs_input_grad[0]:
+        return None, None, None, None, None
+    degree, src, dst = ctx.saved_tensors
+    grad_x = _aggregate.mean_backward(grad_means, degree, src, dst, ctx.n_src)
+    if grad_own is not None:
+        grad_x[:grad_own.size(0)].add_(grad_own)
+    return grad_x.to(ctx.x_dtype), None, None, None, None
+
+
+class _SAGEInput(torch.autograd.Function):
+    """``[mean, x[:n_dst], 1, 0...]`` as one ``[n_dst, sage_input_width(F)]`` matrix in ``dtype``
+    (see :func:`sage_input`). Backward: the means' gradient scattered as in :class:`_FusedMean`
+    and the targets' own rows' gradient added into the same float32 buffer, one cast at the end."""
+
+    @staticmethod
+    def forward(ctx, x, src, dst, n_dst, dtype):
+        means, degree = _aggregate.mean_forward(x, src, dst, n_dst)   # float32
+        f = x.size(1)
+        out = torch.empty(n_dst, sage_input_width(f), dtype=dtype, device=x.device)
+        out[:, :f].copy_(means)
+        out[:, f:2 * f].copy_(x[:n_dst])
+        out[:, 2 * f:].zero_()
+        out[:, 2 * f].fill_(1)
+        ctx.save_for_backward(degree, src, dst)
+        ctx.n_src, ctx.x_dtype, ctx.f = x.size(0), x.dtype, f
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        f = ctx.f
+        return _grad_of_x(ctx, grad_out[:, :f].contiguous(), grad_out[:, f:2 * f])
+
+
+def sage_input_width(features: int) -> int:
+    """Columns of :func:`sage_input`'s matrix for rows of ``features``: the means, the targets'
+    own rows, a column of ones and zeros up to a multiple of 8 (aligned rows for the matmul)."""
+    return 2 * features + 8 - (2 * features) % 8
+
+
+def sage_input(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, n_dst: int,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+    """GraphSAGE's two inputs and its bias term side by side: ``[n_dst, sage_input_width(F)]``
+    holding ``mean_aggregate(x, src, dst, n_dst)``, then ``x[:n_dst]``, then ones, then zeros,
+    as ``dtype`` (default ``x``'s). ``W_l mean + W_r x_v + b`` is then one matmul of this
+    matrix with ``[W_l, W_r, b, 0]``: one product where there were two, no sum of their outputs,
+    and the bias's gradient comes out of the weight's product instead of a column sum of the
+    output's gradient. Float rows with the fused kernels only (:func:`fused_applies`).
+    Differentiable in ``x``, once."""
+    n_dst, dtype = int(n_dst), dtype or x.dtype
+    if not fused_applies(x, src):
+        raise ValueError(f"sage_input: needs float32/float16/bfloat16 rows and int32/int64 edges on the CPU or "
+                         f"a CUDA device with the fused kernels, got {x.dtype} rows on {x.device}")
+    check_edges(x, src, dst, n_dst)
+    if n_dst > x.size(0):
+        raise ValueError(f"sage_input: n_dst ({n_dst}) is more than x's {x.size(0)} rows (targets come first)")
+    return _SAGEInput.apply(x, src, dst, n_dst, dtype)
+
+
+class _ReluDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, p):
+        out = _aggregate.relu_dropout_forward(x, p)
+        ctx.save_for_backward(out)
+        ctx.p = p
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        (out,) = ctx.saved_tensors
+        return _aggregate.relu_dropout_backward(grad_out.contiguous(), out, ctx.p), None
+
+
+def relu_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``F.dropout(F.relu(x), p, training)``. On a CUDA device, in training, one kernel each way
+    (``csrc/aggregate/ReluDropout.h``): the output itself marks what passed, so no mask is kept
+    and the activation is read and written once per pass, not twice. Its random numbers come
+    from the default CUDA generator (``torch.manual_seed`` repeats them), but not the same ones
+    as ``F.dropout``'s. Elsewhere, and for other dtypes, the two torch functions."""
+    if not 0 <= p <= 1:
+        raise ValueError(f"relu_dropout: p must be in [0, 1], got {p}")
+    if (training and 0 < p < 1 and x.is_cuda and x.dtype in _FLOATS and _aggregate.has_cuda
+            and hasattr(_aggregate, "relu_dropout_forward")):
+        return _ReluDropout.apply(x, p)
+    return torch.nn.functional.dropout(torch.relu(x), p=p, training=training)
 
 
 def index_add_mean(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, n_dst: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .aggregate import IMPLEMENTATIONS, mean_aggregate
+from .aggregate import IMPLEMENTATIONS, fused_applies, mean_aggregate, relu_dropout, sage_input
 
 MODELS = ("sage", "gat", "gin")
 LAYERS = ("auto", "pyg", "builtin")   # --layers: PyG's convs when installed, PyG's, or the built-in SAGE
@@ -45,8 +45,20 @@ class SAGELayer(nn.Module):
         self.aggregate = aggregate
 
     def forward(self, x, edge_index, size):
+        n_dst = size[1]
+        if self.aggregate == "fused" and fused_applies(x, edge_index[0]):
+            # [mean, x_v, 1] @ [W_l, W_r, b]^T: one matmul, the bias's gradient inside the weight's
+            # product; the matrix made in the autocast dtype, so that autocast casts only the weights
+            device_type = x.device.type
+            dtype = (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type)
+                     else torch.promote_types(x.dtype, self.lin_l.weight.dtype))
+            a = sage_input(x, edge_index[0], edge_index[1], n_dst, dtype)
+            w_l = self.lin_l.weight
+            pad = a.size(1) - 2 * w_l.size(1) - 1
+            w = torch.cat([w_l, self.lin_r.weight, self.lin_l.bias.unsqueeze(1), w_l.new_zeros(w_l.size(0), pad)], 1)
+            return F.linear(a, w)
         # float16 or bfloat16 rows (the feature table's own) meet float32 weights as float32
-        n_dst, dtype = size[1], torch.promote_types(x.dtype, self.lin_l.weight.dtype)
+        dtype = torch.promote_types(x.dtype, self.lin_l.weight.dtype)
         agg = mean_aggregate(x, edge_index[0], edge_index[1], n_dst, self.aggregate, dtype=dtype)
         out, x_dst = self.lin_l(agg), x[:n_dst].to(dtype)
         if torch.is_autocast_enabled(x.device.type) or out.dtype != x_dst.dtype:
@@ -181,5 +193,5 @@ class GNN(nn.Module):
         for i, (edge_index, _, size) in enumerate(adjs):
             x = self.layers[i](x, edge_index, size)
             if i < len(self.layers) - 1:
-                x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
+                x = relu_dropout(x, self.dropout, self.training)
         return x
