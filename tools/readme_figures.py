@@ -86,6 +86,17 @@ def _papers_graphed(r):
     return f"{s(u, 2)} / {s(g, 2)} ({x(u / g, 2)}); test accuracy {' / '.join(f'{a:.4f}' for a in sorted(acc))}"
 
 
+PAPERS_RESIDENT_BF16 = [f"train_papers100M-like_graphed-119a384_bf16_gpu-resident_buffers2_ahead2_run{i}.json"
+                        for i in (1, 2)]
+
+
+def _papers_resident_bf16(r):
+    runs = [r[n]["rows"][0] for n in PAPERS_RESIDENT_BF16]
+    accs = sorted({row["test_acc"] for row in runs})
+    return (f"{' / '.join(s(row['epoch_s'], 2) for row in runs)}; test accuracy "
+            f"{' / '.join(f'{a:.4f}' for a in accs)}")
+
+
 PRODUCTS_OGB = "train_products-like_median3-7c3fc28_fp16_cache384.json"
 PAPERS_BF16 = "train_papers100M-like_graphed-7c3fc28_bf16_unified_cache13500.json"
 
@@ -121,6 +132,10 @@ ROWS = [
     ("the same unified run with the graphed step in bfloat16 (`--precision bf16`)",
      [PAPERS_BF16],
      lambda r: f"{s(epoch(r[PAPERS_BF16], 'unified'), 2)}; test accuracy {r[PAPERS_BF16]['rows'][0]['test_acc']:.4f}"),
+    ("papers100M-like all-in-GPU, the step graphed in bfloat16 as one matmul a layer with ReLU and "
+     "dropout in one kernel, two sets of graphed buffers, two sampling threads (two runs)",
+     PAPERS_RESIDENT_BF16,
+     _papers_resident_bf16),
     ("products-like as OGB's (123.7 million CSR entries), median of three runs each in one call, "
      "eager step, float16 features, 384 MiB GPU cache (82% of the rows): unified / all-in-GPU "
      "(unified against it) / CPU-centric",
@@ -180,8 +195,12 @@ def load(results: Path, names) -> dict:
 
 
 def commit_of(rec: dict) -> str:
-    commit = (rec.get("provenance") or {}).get("commit")
-    return commit[:7] if commit else "commit unknown"
+    prov = rec.get("provenance") or {}
+    commit = prov.get("commit")
+    if not commit:
+        return "commit unknown"
+    # a run of a checkout with changes not yet committed: its record names the commit they are on
+    return f"{commit[:7]} with changes" if prov.get("dirty") else commit[:7]
 
 
 V1_HEADING = ("On the presets of generator version 1, with half of OGB's edges and labels every "
