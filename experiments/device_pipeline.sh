@@ -75,7 +75,8 @@
 #   with a cache of CACHE_MB MiB (default 13500: under half of the 28.4 GB table) and 12 hybrid
 #   threads, the model in PRECISION (fp32, tf32 or bf16; default fp32), the table as FEATURE_DTYPE
 #   (default stored; fp8: float8 rows and no CPU threads, which copy rows as stored; set CACHE_MB
-#   to 6990 for half of that table), GRAPH_BUFFERS sets of graphed buffers (1 or 2; default 1);
+#   to 6990 for half of that table), GRAPH_BUFFERS sets of graphed buffers (1 or 2; default 1),
+#   the training stream at STEP_PRIORITY (normal or high; default normal);
 #   GRAPHED_PIPELINES picks the runs (default "gpu_resident unified");
 #   papers-graphed-levers: that unified run under each experimental setting of LEVERS (default:
 #   sampler_relabel=hash, then feature_pages=huge).
@@ -143,8 +144,8 @@ papers_data_once() {  # generated once a machine
 papers_graphed() {  # papers-graphed (its options in the environment, as the header says)
   papers_data_once
   local common fd tag threads p
-  common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32}"
-  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}
+  common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32} --step-priority ${STEP_PRIORITY:-normal}"
+  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}
   threads="--gather-cpu-threads 12"; [ "$fd" = fp8 ] && threads=""
   for p in ${GRAPHED_PIPELINES:-gpu_resident unified}; do
     case "$p" in

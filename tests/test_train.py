@@ -123,11 +123,14 @@ class TestTrain(TestCase):
         # Sampling in its own thread changes when batches are made, not what they are; so does the
         # loader's stream priority (no stream on the CPU: recorded, no effect).
         recs = [self.quiet_run("--epochs", "1", "--device", "cpu", *extra)[0]
-                for extra in ([], ["--sample-ahead"], ["--loader-priority", "high"])]
+                for extra in ([], ["--sample-ahead"], ["--loader-priority", "high"], ["--step-priority", "high"])]
         for rec in recs[1:]:
             self.assertEqual(recs[0]["epochs"][0]["loss"], rec["epochs"][0]["loss"])
             self.assertEqual(recs[0]["test_acc"], rec["test_acc"])
         self.assertEqual(recs[2]["loader_priority"], "high")
+        self.assertEqual(recs[3]["step_priority"], "high")
+        with self.assertRaisesRegex(ValueError, "both at one priority"):
+            self.quiet_run("--epochs", "1", "--device", "cpu", "--loader-priority", "high", "--step-priority", "high")
         with self.assertRaisesRegex(ValueError, "--sample-ahead 2 needs the GPU sampler"):
             self.quiet_run("--epochs", "1", "--device", "cpu", "--sample-ahead", "2")
         with self.assertRaisesRegex(ValueError, "--sampler-batches applies to the GPU sampler"):
@@ -417,6 +420,18 @@ class TestTrain(TestCase):
                 self.assertGreater(rec["feature_store"]["cache_hit_rate"], 0.0, msg=kind)
             self.assertGreater(rec["test_acc"], max(0.6, 2 * majority), msg=kind)
             self.assertLess(rec["epochs"][-1]["loss"], rec["epochs"][0]["loss"], msg=kind)
+
+    @requires_gpu
+    def test_step_priority_changes_when_not_what(self):
+        # The step on a high-priority stream, eager and graphed with two buffer sets: the same
+        # batches and the same steps as on the current stream (dropout off: no random numbers).
+        for graph in ([], ["--cuda-graph", "2"]):
+            recs = [self.quiet_run("--epochs", "2", "--pipeline", "gpu_resident", "--device", "cuda", "--dropout", "0",
+                                   "--layers", "builtin", *graph, *extra)[0]
+                    for extra in ([], ["--step-priority", "high"])]
+            for a, b in zip(recs[0]["epochs"], recs[1]["epochs"]):
+                self.assertEqual(a["loss"], b["loss"], atol=1e-4, rtol=1e-4, msg=graph)
+            self.assertEqual(recs[1]["step_priority"], "high")
 
     @requires_gpu
     def test_gpu_pipelines_agree_with_one_sampler(self):

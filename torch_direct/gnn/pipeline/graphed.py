@@ -225,7 +225,8 @@ class GraphedStep:
             return
         self.bufs, self.graphs, self.outs = bufs, graphs, outs
         if len(bufs) > 1:
-            self._fill_stream = torch.cuda.Stream(b.x.device)
+            # at the training stream's priority: the copies are on the step's path
+            self._fill_stream = torch.cuda.Stream(b.x.device, priority=torch.cuda.current_stream(b.x.device).priority)
             # recorded again at each replay; waiting on one not yet recorded waits for nothing
             self._released = [torch.cuda.Event() for _ in bufs]
 

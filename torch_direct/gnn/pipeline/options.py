@@ -151,6 +151,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="priority of the loader's CUDA streams: high = the device's highest, so the GPU runs "
                         "the loader's short sampling and gather kernels ahead of the training step's waiting "
                         "ones; the batches are the same (default: %(default)s)")
+    p.add_argument("--step-priority", choices=STREAM_PRIORITIES, default="normal",
+                   help="priority of the CUDA stream the training steps run on: high = the device's "
+                        "highest, so that as SMs free up the step's kernels get them before the loader's "
+                        "sampling and gather kernels, which fill the gaps; the batches and the steps are "
+                        "the same (default: %(default)s)")
     p.add_argument("--reorder", choices=("degree", "frequency", "none"), default="none",
                    help="locality lever: relabel the nodes once before training, hot nodes first "
                         "(degree = most neighbours, frequency = most often a neighbour), so the rows a "
@@ -221,6 +226,9 @@ def check_options(args, device) -> None:
     if args.sample_ahead > 1 and not uses_gpu_sampler(args, device.type == "cuda"):
         raise ValueError(f"--sample-ahead {args.sample_ahead} needs the GPU sampler (--sampler gpu, or a CUDA "
                          f"device); the CPU sampler samples on every core already")
+    if args.loader_priority == "high" and getattr(args, "step_priority", "normal") == "high":
+        raise ValueError("--loader-priority high and --step-priority high together put both at one priority: "
+                         "give one of them")
     if args.cache_mb and args.pipeline not in ("unified", "cpu_centric"):
         raise ValueError(f"--cache-mb does not apply to --pipeline {args.pipeline}: "
                          + ("its whole table is in GPU memory" if args.pipeline == "gpu_resident"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ import torch
 from ..progress import progress
 from .evaluation import correct_count, evaluate, full_test_accuracy, test_ids
 from .graphed import GraphedStep, eager_step
+from .loader import STREAM_PRIORITIES
 from .models import GNN, make_optimizer, model_precision, use_pyg_for
 from .options import add_arguments, check_options, check_paths, resolve_device  # noqa: F401  (add_arguments: the command.s options)
 from .timing import StepProfiler, Timer, split_by_busy, sync
@@ -72,6 +74,24 @@ def load(args, ctx, show: bool):
     reorder_s = ctx.all_max([loaded.get("reorder_s", 0.0)])[0]
     loaded.clear()  # local rank 0 drops its private copy: the shared one is all that is left
     return ds, reorder_s
+
+
+@contextmanager
+def training_stream(priority: str, device):
+    """The CUDA stream the training steps run on (``--step-priority``): the current one, or with
+    ``high`` a stream at the device's highest priority, ordered after the current one's work on
+    entry and before its later work on exit. On the CPU, nothing changes."""
+    if priority not in STREAM_PRIORITIES:
+        raise ValueError(f"step priority must be one of {', '.join(STREAM_PRIORITIES)}, got {priority!r}")
+    if priority == "normal" or device.type != "cuda":
+        yield
+        return
+    before = torch.cuda.current_stream(device)
+    stream = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])
+    stream.wait_stream(before)
+    with torch.cuda.stream(stream):
+        yield
+    before.wait_stream(stream)
 
 
 def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler=None, step=None) -> dict:
@@ -181,7 +201,7 @@ def _run(args, ctx, make_batches) -> dict:
     graphed = GraphedStep(step_model, opt, args.batch_size, buffers=buffers) if buffers else None
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
               "world_size": 1 if ctx is None else ctx.world, "dataset": repr(ds), "backend": model.backend,
-              **source.info, "reorder": args.reorder, "reorder_s": reorder_s, "precision": args.precision,
+              **source.info, "step_priority": getattr(args, "step_priority", "normal"), "reorder": args.reorder, "reorder_s": reorder_s, "precision": args.precision,
               "epochs": []}
     reorder_text = f", reorder {args.reorder} ({reorder_s:.2f} s)" if args.reorder != "none" else ""
     say(f"train: {ds!r}\n" + source.describe(f"{args.model} ({model.backend})", reorder_text), flush=True)
@@ -192,7 +212,8 @@ def _run(args, ctx, make_batches) -> dict:
             if ctx is not None:
                 fail_injected(ctx.rank, epoch)
             prof = StepProfiler(args.profile, device) if epoch == 1 and main and args.profile else None
-            ep = train_epoch(step_model, opt, train_loader, device, show, f"epoch {epoch}", prof, graphed)
+            with training_stream(getattr(args, "step_priority", "normal"), device):
+                ep = train_epoch(step_model, opt, train_loader, device, show, f"epoch {epoch}", prof, graphed)
             if prof is not None:
                 say(f"wrote {prof.finish()} ({prof.steps} profiled steps of epoch 1)", flush=True)
             stats = train_loader.stats()
