@@ -1,16 +1,18 @@
-// The CUDA kernels of ReluDropout.h. Each thread draws four uniforms at a time from a Philox
-// stream of its own (subsequence = thread index, offset from the generator), as torch's fused
-// dropout does, and handles four consecutive elements with them.
+// The CUDA kernels of ReluDropout.h. Each thread takes four uniforms at a time from
+// Philox4x32-10 (Salmon et al., SC'11), keyed by the generator's seed, its counter the
+// generator's offset plus the draw's index and the thread's index, and handles four
+// consecutive elements with them. (The round function is written out here: the toolkit's
+// curand headers are not everywhere this builds.)
 
 #include "ReluDropout.h"
 
 #include <ATen/Dispatch.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/detail/UnpackRaw.cuh>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <curand_kernel.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <mutex>
@@ -19,26 +21,49 @@ namespace torch_direct::aggregate {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kPerDraw = 4;   // curand_uniform4
+constexpr int kPerDraw = 4;   // one Philox block: four 32-bit numbers
+
+// Ten rounds of Philox4x32 on counter c with key k.
+__device__ inline uint4 philox4x32_10(uint4 c, uint2 k) {
+  constexpr unsigned kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const unsigned hi0 = __umulhi(kM0, c.x), lo0 = kM0 * c.x;
+    const unsigned hi1 = __umulhi(kM1, c.z), lo1 = kM1 * c.z;
+    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+    k.x += kW0;
+    k.y += kW1;
+  }
+  return c;
+}
+
+// [0, 1) from the top 24 bits
+__device__ inline float unit_float(unsigned v) {
+  return static_cast<float>(v >> 8) * (1.0f / 16777216.0f);
+}
 
 template <typename scalar_t>
 __global__ void relu_dropout_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ out, int64_t n,
                                     float keep, at::PhiloxCudaState philox) {
   const auto seeds = at::cuda::philox::unpack(philox);
-  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  curandStatePhilox4_32_10_t state;
-  curand_init(std::get<0>(seeds), thread, std::get<1>(seeds), &state);
+  const uint64_t seed = std::get<0>(seeds);
+  const uint64_t offset = std::get<1>(seeds) / kPerDraw;   // the generator counts numbers, a block is four
+  const uint64_t thread = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const uint2 key = make_uint2(static_cast<unsigned>(seed), static_cast<unsigned>(seed >> 32));
   const float scale = 1.f / keep;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kPerDraw;
-  for (int64_t base = thread * kPerDraw; base < n; base += stride) {
-    const float4 r4 = curand_uniform4(&state);   // in (0, 1]
-    const float r[kPerDraw] = {r4.x, r4.y, r4.z, r4.w};
+  uint64_t draw = offset;
+  for (int64_t base = static_cast<int64_t>(thread) * kPerDraw; base < n; base += stride, ++draw) {
+    const uint4 bits = philox4x32_10(make_uint4(static_cast<unsigned>(draw), static_cast<unsigned>(draw >> 32),
+                                                static_cast<unsigned>(thread), static_cast<unsigned>(thread >> 32)),
+                                     key);
+    const float r[kPerDraw] = {unit_float(bits.x), unit_float(bits.y), unit_float(bits.z), unit_float(bits.w)};
 #pragma unroll
     for (int k = 0; k < kPerDraw; ++k) {
       const int64_t i = base + k;
       if (i < n) {
         const float v = static_cast<float>(x[i]);
-        out[i] = static_cast<scalar_t>(v > 0.f && r[k] <= keep ? v * scale : 0.f);
+        out[i] = static_cast<scalar_t>(v > 0.f && r[k] < keep ? v * scale : 0.f);
       }
     }
   }
@@ -54,7 +79,10 @@ __global__ void relu_dropout_backward_kernel(const scalar_t* __restrict__ grad, 
 }
 
 int64_t blocks_for(int64_t work) {
-  const int64_t resident = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 8;
+  int device = 0, sms = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t resident = static_cast<int64_t>(sms) * 8;
   return std::max<int64_t>(1, std::min<int64_t>(resident, (work + kThreads - 1) / kThreads));
 }
 
@@ -88,7 +116,7 @@ at::Tensor relu_dropout_forward(const at::Tensor& x, double p) {
     std::lock_guard<std::mutex> lock(gen->mutex_);
     philox = gen->philox_cuda_state(static_cast<uint64_t>(draws * kPerDraw));
   }
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.scalar_type(), what, [&] {
     relu_dropout_kernel<scalar_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         in.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n, static_cast<float>(1 - p), philox);
@@ -113,7 +141,7 @@ at::Tensor relu_dropout_backward(const at::Tensor& grad_out, const at::Tensor& o
   if (n == 0) {
     return grad_x;
   }
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), what, [&] {
     relu_dropout_backward_kernel<scalar_t><<<static_cast<unsigned>(blocks_for(n)), kThreads, 0, stream>>>(
         g.data_ptr<scalar_t>(), o.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), n,
