@@ -42,33 +42,8 @@ def x(r: float, digits: int) -> str:
     return f"{r:.{digits}f}x"
 
 
-def span(values, digits: int, unit: str) -> str:
-    lo, hi = min(values), max(values)
-    return f"{lo:.{digits}f}-{hi:.{digits}f}{unit}"
-
-
 PRODUCTS = "train_products-like.json"
-TARGETS = "train_products-like_targets-6393fa1.json"
-CACHE_CALLS = [  # (gpu_resident record, unified with the 512 MiB cache), one call each
-    ("train_products-like_cache-51400ab_gpu-resident.json",
-     "train_products-like_cache-51400ab_reorder-freq_sample-ahead_cache512.json"),
-    ("train_products-like_cache-6393fa1_run1_gpu-resident.json",
-     "train_products-like_cache-6393fa1_run1_reorder-freq_sample-ahead_cache512.json"),
-    ("train_products-like_cache-6393fa1_run2_gpu-resident.json",
-     "train_products-like_cache-6393fa1_run2_reorder-freq_sample-ahead_cache512.json"),
-]
-PAPERS_LEVERS = ["train_papers100M-like_levers-ca012aa_all-levers_hybrid12_sample-ahead.json",
-                 "train_papers100M-like_levers-6393fa1_all-levers-freq_hybrid12_sample-ahead.json"]
-PAPERS_RESIDENT = ["train_papers100M-like_levers-ca012aa_gpu-resident.json",
-                   "train_papers100M-like_levers-6393fa1_gpu-resident_run1.json",
-                   "train_papers100M-like_levers-6393fa1_gpu-resident_run3.json"]
 SCALING, SCALING_GPU = "scaling_papers100M-like.json", "scaling_papers100M-like_graph-gpu.json"
-
-
-def _cache_ratios(r):
-    out = [epoch(r[TARGETS], "unified") / epoch(r[TARGETS], "gpu_resident")]
-    out += [epoch(r[u], "unified") / epoch(r[g], "gpu_resident") for g, u in CACHE_CALLS]
-    return out
 
 
 def _scaling(r):
@@ -155,26 +130,9 @@ ROWS_V1 = [
      [PRODUCTS],
      lambda r: " / ".join(s(epoch(r[PRODUCTS], p), d) for p, d in
                           (("unified", 2), ("cpu_centric", 2), ("pyg", 1), ("gpu_resident", 2)))),
-    ("products-like epoch with a 512 MiB GPU cache of the rows the sampler reads most: unified / "
-     "CPU-centric (unified's speed-up)",
-     [TARGETS],
-     lambda r: f"{s(epoch(r[TARGETS], 'unified'), 2)} / {s(epoch(r[TARGETS], 'cpu_centric'), 2)} "
-               f"({x(epoch(r[TARGETS], 'cpu_centric') / epoch(r[TARGETS], 'unified'), 1)})"),
-    ("the same cache: unified's epoch against all-in-GPU's in the same call (four calls)",
-     [TARGETS] + [n for call in CACHE_CALLS for n in call],
-     lambda r: span(_cache_ratios(r), 2, "x")),
-    ("papers100M-like (111M nodes, 36.7 GB in host memory) epoch, one GPU",
+    ("papers100M-like (111M nodes, 36.7 GB in host memory) epoch, one GPU, CSR in host memory",
      ["train_papers100M-like.json"],
      lambda r: s(epoch(r["train_papers100M-like.json"], "unified"), 1)),
-    ("the same, CSR copied to the GPU",
-     ["train_papers100M-like_levers-9220752_plain.json"],
-     lambda r: s(epoch(r["train_papers100M-like_levers-9220752_plain.json"], "unified"), 2)),
-    ("the same, adding every locality lever, the hybrid gather and sampling ahead",
-     PAPERS_LEVERS,
-     lambda r: span([epoch(r[n], "unified") for n in PAPERS_LEVERS], 2, " s")),
-    ("the same with the features in GPU memory (all-in-GPU)",
-     PAPERS_RESIDENT,
-     lambda r: span([epoch(r[n], "gpu_resident") for n in PAPERS_RESIDENT], 2, " s")),
     ("papers100M-like on four H200, one scaling run: epoch on 1 / 2 / 4 GPUs (against 1)",
      [SCALING],
      _scaling),
@@ -205,7 +163,8 @@ def commit_of(rec: dict) -> str:
 
 V1_HEADING = ("On the presets of generator version 1, with half of OGB's edges and labels every "
               "pipeline learned to 0.99 (not comparable with the figures above; to be measured again "
-              "on today's presets):")
+              "on today's presets; their cache, locality-lever and all-in-GPU figures, which the table "
+              "above measures again, are in `docs/pipeline.md`):")
 
 
 def table(results: Path) -> list[str]:
