@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-overlap|products-target|papers-graphed-buffers|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-overlap|products-target|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -20,6 +20,9 @@
 # - papers-graphed-buffers: papers100M-like, CSR on the GPU, gpu_resident with the step graphed in
 #   PRECISION (default bf16), `--cuda-graph 1` then `--cuda-graph 2` (BUFFER_SETS, default "1 2"):
 #   the batch copies on the training stream against beside the other set's replay.
+# - papers-step-priority: papers-graphed (AHEAD sampling threads, default 2; GRAPH_BUFFERS default 2;
+#   PRECISION default bf16; GRAPHED_PIPELINES default gpu_resident) with the training stream at
+#   each priority of STEP_PRIORITIES (default "normal high"; `train --step-priority`).
 # - step-profile: papers100M-like, CSR on the GPU, gpu_resident, built-in layers, the step in
 #   PRECISION (default bf16) with GRAPH_BUFFERS (default 2) sets of graphed buffers: the floor
 #   probe's parts (sample, gather, step alone and together), then `train --profile` of one epoch
@@ -281,6 +284,11 @@ case "$what" in
   papers-graphed-buffers)  # gpu_resident with one set of graphed buffers, then two (the copies beside the replay)
     for n in ${BUFFER_SETS:-1 2}; do
       GRAPH_BUFFERS=$n GRAPHED_PIPELINES=${GRAPHED_PIPELINES:-gpu_resident} PRECISION=${PRECISION:-bf16} papers_graphed
+    done ;;
+  papers-step-priority)  # the training stream at normal then high priority (STEP_PRIORITIES), papers-graphed's runs
+    for prio in ${STEP_PRIORITIES:-normal high}; do
+      STEP_PRIORITY=$prio AHEAD=${AHEAD:-2} GRAPH_BUFFERS=${GRAPH_BUFFERS:-2} PRECISION=${PRECISION:-bf16} \
+        GRAPHED_PIPELINES=${GRAPHED_PIPELINES:-gpu_resident} papers_graphed
     done ;;
   products-target)  # the products-like target: median of three runs of each pipeline in one call, float16
     # features and a cache below the whole table, then float16 against float8 at the same cache bytes
