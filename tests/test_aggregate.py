@@ -266,6 +266,20 @@ class TestAggregateCUDA(_Cases, TestCase):
             self.assertEqual(again, out.detach())
             self.assertNotEqual(relu_dropout(x.detach(), 0.3, True), out.detach())
 
+    def test_relu_dropout_same_draws_for_any_alignment(self):
+        # a view one element in is not aligned for four-element accesses: the kernels' scalar
+        # path, which must draw and scale as the vector path does
+        base = torch.randn(4 * 1001 + 3, device="cuda", requires_grad=True)
+        view = base[1:]
+        torch.manual_seed(5)
+        a = relu_dropout(view, 0.5, True)
+        torch.manual_seed(5)
+        b = relu_dropout(view.detach().clone(), 0.5, True)
+        self.assertEqual(a, b)
+        g = torch.randn_like(a)
+        a.backward(g)
+        self.assertEqual(base.grad[1:], torch.where(b != 0, g / 0.5, torch.zeros_like(g)))
+
     def test_relu_dropout_draws_anew_on_each_replay(self):
         x = torch.rand(64, 512, device="cuda") + 0.1   # all positive: the mask alone decides
         relu_dropout(x, 0.5, True)   # first use off the capture

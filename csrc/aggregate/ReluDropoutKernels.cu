@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <mutex>
 
 namespace torch_direct::aggregate {
@@ -42,7 +43,54 @@ __device__ inline float unit_float(unsigned v) {
   return static_cast<float>(v >> 8) * (1.0f / 16777216.0f);
 }
 
+// Four consecutive elements, loaded and stored as one access where the pointers allow.
 template <typename scalar_t>
+struct alignas(sizeof(scalar_t) * kPerDraw) Four {
+  scalar_t v[kPerDraw];
+};
+
+template <typename scalar_t>
+bool aligned_for_four(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % sizeof(Four<scalar_t>) == 0;
+}
+
+// Elements [base, base + 4) of p (those below n), as floats; vector: one access (base + 4 <= n).
+template <bool vector, typename scalar_t>
+__device__ inline void load_four(const scalar_t* p, int64_t base, int64_t n, float (&f)[kPerDraw]) {
+  if (vector && base + kPerDraw <= n) {
+    const Four<scalar_t> four = *reinterpret_cast<const Four<scalar_t>*>(p + base);
+#pragma unroll
+    for (int k = 0; k < kPerDraw; ++k) {
+      f[k] = static_cast<float>(four.v[k]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kPerDraw; ++k) {
+    f[k] = base + k < n ? static_cast<float>(p[base + k]) : 0.f;
+  }
+}
+
+template <bool vector, typename scalar_t>
+__device__ inline void store_four(scalar_t* p, int64_t base, int64_t n, const float (&f)[kPerDraw]) {
+  if (vector && base + kPerDraw <= n) {
+    Four<scalar_t> four;
+#pragma unroll
+    for (int k = 0; k < kPerDraw; ++k) {
+      four.v[k] = static_cast<scalar_t>(f[k]);
+    }
+    *reinterpret_cast<Four<scalar_t>*>(p + base) = four;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kPerDraw; ++k) {
+    if (base + k < n) {
+      p[base + k] = static_cast<scalar_t>(f[k]);
+    }
+  }
+}
+
+template <bool vector, typename scalar_t>
 __global__ void relu_dropout_kernel(const scalar_t* __restrict__ x, scalar_t* __restrict__ out, int64_t n,
                                     float keep, at::PhiloxCudaState philox) {
   const auto seeds = at::cuda::philox::unpack(philox);
@@ -58,23 +106,30 @@ __global__ void relu_dropout_kernel(const scalar_t* __restrict__ x, scalar_t* __
                                                 static_cast<unsigned>(thread), static_cast<unsigned>(thread >> 32)),
                                      key);
     const float r[kPerDraw] = {unit_float(bits.x), unit_float(bits.y), unit_float(bits.z), unit_float(bits.w)};
+    float v[kPerDraw];
+    load_four<vector>(x, base, n, v);
 #pragma unroll
     for (int k = 0; k < kPerDraw; ++k) {
-      const int64_t i = base + k;
-      if (i < n) {
-        const float v = static_cast<float>(x[i]);
-        out[i] = static_cast<scalar_t>(v > 0.f && r[k] < keep ? v * scale : 0.f);
-      }
+      v[k] = v[k] > 0.f && r[k] < keep ? v[k] * scale : 0.f;
     }
+    store_four<vector>(out, base, n, v);
   }
 }
 
-template <typename scalar_t>
+template <bool vector, typename scalar_t>
 __global__ void relu_dropout_backward_kernel(const scalar_t* __restrict__ grad, const scalar_t* __restrict__ out,
                                              scalar_t* __restrict__ grad_x, int64_t n, float scale) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    grad_x[i] = static_cast<scalar_t>(static_cast<float>(out[i]) > 0.f ? static_cast<float>(grad[i]) * scale : 0.f);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kPerDraw;
+  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPerDraw; base < n;
+       base += stride) {
+    float g[kPerDraw], o[kPerDraw];
+    load_four<vector>(grad, base, n, g);
+    load_four<vector>(out, base, n, o);
+#pragma unroll
+    for (int k = 0; k < kPerDraw; ++k) {
+      g[k] = o[k] > 0.f ? g[k] * scale : 0.f;
+    }
+    store_four<vector>(grad_x, base, n, g);
   }
 }
 
@@ -118,8 +173,12 @@ at::Tensor relu_dropout_forward(const at::Tensor& x, double p) {
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.scalar_type(), what, [&] {
-    relu_dropout_kernel<scalar_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        in.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n, static_cast<float>(1 - p), philox);
+    const scalar_t* src = in.data_ptr<scalar_t>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    const float keep = static_cast<float>(1 - p);
+    const auto kernel = aligned_for_four<scalar_t>(src) && aligned_for_four<scalar_t>(dst)
+                            ? relu_dropout_kernel<true, scalar_t> : relu_dropout_kernel<false, scalar_t>;
+    kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(src, dst, n, keep, philox);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -143,9 +202,15 @@ at::Tensor relu_dropout_backward(const at::Tensor& grad_out, const at::Tensor& o
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), what, [&] {
-    relu_dropout_backward_kernel<scalar_t><<<static_cast<unsigned>(blocks_for(n)), kThreads, 0, stream>>>(
-        g.data_ptr<scalar_t>(), o.data_ptr<scalar_t>(), grad_x.data_ptr<scalar_t>(), n,
-        static_cast<float>(1.0 / (1 - p)));
+    const scalar_t* gp = g.data_ptr<scalar_t>();
+    const scalar_t* op = o.data_ptr<scalar_t>();
+    scalar_t* xp = grad_x.data_ptr<scalar_t>();
+    const auto kernel = aligned_for_four<scalar_t>(gp) && aligned_for_four<scalar_t>(op) &&
+                                aligned_for_four<scalar_t>(xp)
+                            ? relu_dropout_backward_kernel<true, scalar_t>
+                            : relu_dropout_backward_kernel<false, scalar_t>;
+    kernel<<<static_cast<unsigned>(blocks_for((n + kPerDraw - 1) / kPerDraw)), kThreads, 0, stream>>>(
+        gp, op, xp, n, static_cast<float>(1.0 / (1 - p)));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return grad_x;
