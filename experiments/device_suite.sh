@@ -9,7 +9,10 @@
 # and CUDA sources, setup.py, the registrations' generator, torch's and Python's
 # versions). Carried back in a later call as PREBUILT=path/to/prebuilt.tgz, it
 # replaces the build when the digest still matches (about 140 s saved on a
-# fresh machine); otherwise the build runs as usual.
+# fresh machine); otherwise the build runs as usual. A machine without a GPU but with nvcc and
+# the GPU machine's torch and Python makes the same archive (the digest names their versions):
+#   PATH=/path/to/that/venv/bin:$PATH TORCH_DIRECT_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 \
+#     OUT=/tmp/prebuilt bash experiments/device_suite.sh --build-only
 set -u
 OUT="${OUT:-$PWD/device_out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
