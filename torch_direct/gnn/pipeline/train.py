@@ -76,22 +76,30 @@ def load(args, ctx, show: bool):
     return ds, reorder_s
 
 
-@contextmanager
-def training_stream(priority: str, device):
+class TrainingStream:
     """The CUDA stream the training steps run on (``--step-priority``): the current one, or with
-    ``high`` a stream at the device's highest priority, ordered after the current one's work on
-    entry and before its later work on exit. On the CPU, nothing changes."""
-    if priority not in STREAM_PRIORITIES:
-        raise ValueError(f"step priority must be one of {', '.join(STREAM_PRIORITIES)}, got {priority!r}")
-    if priority == "normal" or device.type != "cuda":
-        yield
-        return
-    before = torch.cuda.current_stream(device)
-    stream = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])
-    stream.wait_stream(before)
-    with torch.cuda.stream(stream):
-        yield
-    before.wait_stream(stream)
+    ``high`` one stream at the device's highest priority for the whole run (tensors the steps
+    allocate stay in one stream's pool). ``active()`` runs a block on it, ordered after the
+    current stream's work on entry and before its later work on exit. On the CPU, nothing
+    changes."""
+
+    def __init__(self, priority: str, device):
+        if priority not in STREAM_PRIORITIES:
+            raise ValueError(f"step priority must be one of {', '.join(STREAM_PRIORITIES)}, got {priority!r}")
+        self.device = device
+        self.stream = (torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])
+                       if priority == "high" and device.type == "cuda" else None)
+
+    @contextmanager
+    def active(self):
+        if self.stream is None:
+            yield
+            return
+        before = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(before)
+        with torch.cuda.stream(self.stream):
+            yield
+        before.wait_stream(self.stream)
 
 
 def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler=None, step=None) -> dict:
@@ -199,9 +207,11 @@ def _run(args, ctx, make_batches) -> dict:
     buffers = int(getattr(args, "cuda_graph", 0) or 0)
     opt = make_optimizer(model, args.lr, capturable=buffers > 0)
     graphed = GraphedStep(step_model, opt, args.batch_size, buffers=buffers) if buffers else None
+    step_stream = TrainingStream(getattr(args, "step_priority", "normal"), device)
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
               "world_size": 1 if ctx is None else ctx.world, "dataset": repr(ds), "backend": model.backend,
-              **source.info, "step_priority": getattr(args, "step_priority", "normal"), "reorder": args.reorder, "reorder_s": reorder_s, "precision": args.precision,
+              **source.info, "step_priority": getattr(args, "step_priority", "normal"), "reorder": args.reorder,
+              "reorder_s": reorder_s, "precision": args.precision,
               "epochs": []}
     reorder_text = f", reorder {args.reorder} ({reorder_s:.2f} s)" if args.reorder != "none" else ""
     say(f"train: {ds!r}\n" + source.describe(f"{args.model} ({model.backend})", reorder_text), flush=True)
@@ -212,7 +222,7 @@ def _run(args, ctx, make_batches) -> dict:
             if ctx is not None:
                 fail_injected(ctx.rank, epoch)
             prof = StepProfiler(args.profile, device) if epoch == 1 and main and args.profile else None
-            with training_stream(getattr(args, "step_priority", "normal"), device):
+            with step_stream.active():
                 ep = train_epoch(step_model, opt, train_loader, device, show, f"epoch {epoch}", prof, graphed)
             if prof is not None:
                 say(f"wrote {prof.finish()} ({prof.steps} profiled steps of epoch 1)", flush=True)
