@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-overlap|products-target|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -16,7 +16,7 @@
 #   gpu_resident, and pyg once its wheels are installed), then unified and
 #   gpu_resident with `--graph gpu`, then unified with `--graph gpu --sample-ahead` and with
 #   `--graph gpu --gather-sms 66` and `33` (products-overlap: these alone, without the
-#   four-pipeline run, whose PyG row takes about 6 minutes).
+#   four-pipeline run, whose PyG row takes about 6 minutes; products-pyg: the four-pipeline run alone).
 # - papers-graphed-buffers: papers100M-like, CSR on the GPU, gpu_resident with the step graphed in
 #   PRECISION (default bf16), `--cuda-graph 1` then `--cuda-graph 2` (BUFFER_SETS, default "1 2"):
 #   the batch copies on the training stream against beside the other set's replay.
@@ -192,14 +192,14 @@ scaling() {
 
 case "$what" in
   pyg-wheels) build_pyg_wheels ;;
-  products|all)  # every pipeline (PyG's wheels first: a compile beside the benchmark would take
+  products|products-pyg|all)  # every pipeline (PyG's wheels first: a compile beside the benchmark would take
     # the CPU its pipelines use)
     build_pyg_wheels
     # products-like's test split is 2.2M nodes: PyG's loader alone would take minutes to infer them
     # all, so every pipeline reports test accuracy over the same fixed 100K of them.
     bench products-like 400 --dataset products-like --epochs 2 --pipelines unified,cpu_centric,gpu_resident,pyg \
       --pyg-workers 16 --test-nodes 100000
-    products_overlap ;;
+    [ "$what" = products-pyg ] || products_overlap ;;
   products-overlap) products_overlap ;;
   gather-probes)  # the gather's open questions (docs/gather.md): the hybrid's split, then the
     # hybrid target's points (32 GB table, 400K random indices) of bench gather
@@ -348,5 +348,5 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-overlap, products-target, papers-graphed-buffers, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, papers-graphed, papers-graphed-levers, floor-probe, unified-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, hugepages, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what (products, products-pyg, products-overlap, products-target, papers-graphed-buffers, papers-step-priority, step-profile, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, papers-graphed, papers-graphed-levers, floor-probe, unified-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, hugepages, pyg-wheels, all)" >&2; exit 2 ;;
 esac
