@@ -31,7 +31,8 @@
 # - products-target: products-like, CSR on the GPU, --reorder frequency, float16 features: the
 #   median of three runs of unified (a cache of CACHE_MB MiB, default 384: 82% of the rows),
 #   gpu_resident and cpu_centric in one call; then unified and gpu_resident with float16 and with
-#   float8 tables at the same FP8_CACHE_MB (default 192: 41% / 79% of the rows).
+#   float8 tables at the same FP8_CACHE_MB (default 192: 41% / 79% of the rows); the training
+#   stream at STEP_PRIORITY (default normal).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
 # - papers: papers100M-like generated (timed), then `bench train` unified with
 #   the CSR in host memory, with `--graph gpu`, and with `--graph gpu --sample-ahead
@@ -292,7 +293,7 @@ case "$what" in
     done ;;
   products-target)  # the products-like target: median of three runs of each pipeline in one call, float16
     # features and a cache below the whole table, then float16 against float8 at the same cache bytes
-    pc="--dataset products-like --epochs 2 --graph gpu --reorder frequency --test-nodes 100000"
+    pc="--dataset products-like --epochs 2 --graph gpu --reorder frequency --test-nodes 100000 --step-priority ${STEP_PRIORITY:-normal}"
     bench products-like_median3_fp16_cache${CACHE_MB:-384} 420 $pc --pipelines unified,gpu_resident,cpu_centric \
       --repeats 3 --feature-dtype fp16 --cache-mb "${CACHE_MB:-384}"
     for fd in fp16 fp8; do
