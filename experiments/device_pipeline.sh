@@ -294,10 +294,10 @@ case "$what" in
   products-target)  # the products-like target: median of three runs of each pipeline in one call, float16
     # features and a cache below the whole table, then float16 against float8 at the same cache bytes
     pc="--dataset products-like --epochs 2 --graph gpu --reorder frequency --test-nodes 100000 --step-priority ${STEP_PRIORITY:-normal}"
-    bench products-like_median3_fp16_cache${CACHE_MB:-384} 420 $pc --pipelines unified,gpu_resident,cpu_centric \
+    bench products-like_median3_fp16_cache${CACHE_MB:-384}${STEP_PRIORITY:+_step-$STEP_PRIORITY} 420 $pc --pipelines unified,gpu_resident,cpu_centric \
       --repeats 3 --feature-dtype fp16 --cache-mb "${CACHE_MB:-384}"
     for fd in fp16 fp8; do
-      bench products-like_cache${FP8_CACHE_MB:-192}_$fd 150 $pc --pipelines unified,gpu_resident \
+      bench products-like_cache${FP8_CACHE_MB:-192}_$fd${STEP_PRIORITY:+_step-$STEP_PRIORITY} 150 $pc --pipelines unified,gpu_resident \
         --feature-dtype $fd --cache-mb "${FP8_CACHE_MB:-192}"
     done ;;
   step-profile)  # what the graphed step of papers100M-like is made of
