@@ -26,8 +26,10 @@
 # - step-profile: papers100M-like, CSR on the GPU, gpu_resident, built-in layers, the step in
 #   PRECISION (default bf16) with GRAPH_BUFFERS (default 2) sets of graphed buffers: the floor
 #   probe's parts (sample, gather, step alone and together), then `train --profile` of one epoch
-#   graphed and one eager (PROFILE_MODES, default "graphed eager"; the top kernels of 20 steps:
-#   what the step's time is made of).
+#   graphed and one eager (PROFILE_MODES, default "graphed eager", none for neither; the top
+#   kernels of 20 steps: what the step's time is made of). The probe's together parts run the step
+#   at each of STEP_PRIORITIES (comma-separated, default normal), sampling ahead in AHEAD threads
+#   (default 1).
 # - products-target: products-like, CSR on the GPU, --reorder frequency, float16 features: the
 #   median of three runs of unified (a cache of CACHE_MB MiB, default 384: 82% of the rows),
 #   gpu_resident and cpu_centric in one call; then unified and gpu_resident with float16 and with
@@ -304,10 +306,12 @@ case "$what" in
     papers_data_once
     timeout "${PROBE_LIMIT:-240}" python3 experiments/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
       --store gpu_resident --layers builtin --precision "${PRECISION:-bf16}" --cuda-graph "${GRAPH_BUFFERS:-2}" \
+      --step-priority "${STEP_PRIORITIES:-normal}" --sample-ahead "${AHEAD:-1}" \
       --batches "${PROBE_BATCHES:-200}" --no-progress --out "$OUT/floor_probe_papers100M-like_step.json" \
       > "$OUT/floor_probe_step.log" 2>&1
     echo "step-profile probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -15 "$OUT/floor_probe_step.log"
     for mode in ${PROFILE_MODES:-graphed eager}; do
+      [ "$mode" = none ] && continue
       graph=""; [ "$mode" = graphed ] && graph="--cuda-graph ${GRAPH_BUFFERS:-2}"
       timeout 150 python3 -m torch_direct train --root "$DATA" --dataset papers100M-like --pipeline gpu_resident \
         --epochs 1 --graph gpu --layers builtin --precision "${PRECISION:-bf16}" --sample-ahead 3 $graph \

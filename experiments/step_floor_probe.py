@@ -15,7 +15,10 @@ synchronised at both ends, on the same batches and model:
              another, in a second thread (as the loader does with --sample-ahead): what
              sampling and gathering cost each other on the GPU
   together   the pipelined loader feeding the steps, as `train` runs it
-  together_ahead   the same with --sample-ahead (sampling in a thread and stream of its own)
+  together_ahead   the same with --sample-ahead K (sampling in K threads, each on a stream of
+             its own; K = --sample-ahead, default 1)
+
+``--step-priority`` runs the together parts' steps on a stream of that priority, as train's.
 
 ``--store unified`` reads the rows from the unified (host-memory) table instead, with
 ``--cache-mb`` of hot rows in GPU memory, ``--gather-sms`` and ``--gather-cpu-threads`` as
@@ -55,6 +58,7 @@ from torch_direct.gnn.pipeline.aggregate import IMPLEMENTATIONS as AGGREGATIONS 
 from torch_direct.gnn.pipeline.models import (GNN, LAYERS, MODELS, PRECISIONS, SAGELayer,  # noqa: E402
                                           check_precision, make_optimizer, model_precision, use_pyg_for)
 from torch_direct.gnn.pipeline.options import FEATURE_DTYPES, fanout_list, resolve_device  # noqa: E402
+from torch_direct.gnn.pipeline.train import TrainingStream  # noqa: E402
 
 
 def parse(argv=None):
@@ -99,9 +103,14 @@ def parse(argv=None):
                    help="replay each training step as a CUDA graph, as train --cuda-graph [BUFFERS] does "
                         "(captured during the warm-up; CUDA only; BUFFERS 2: two sets of buffers used in turn, "
                         "each batch copied in beside the other set's replay)")
-    p.add_argument("--loader-priority", type=_choices("priorities", STREAM_PRIORITIES), default=["normal"],
-                   help="comma-separated priorities of the loader's CUDA streams in the together parts, as "
-                        "train's --loader-priority (default: normal)")
+    for option, whose in (("--loader-priority", "the loader's CUDA streams"),
+                          ("--step-priority", "the training step's CUDA stream")):
+        p.add_argument(option, type=_choices("priorities", STREAM_PRIORITIES), default=["normal"],
+                       help=f"comma-separated priorities of {whose} in the together parts, as train's {option} "
+                            f"(default: normal)")
+    p.add_argument("--sample-ahead", type=int, default=1, metavar="K",
+                   help="sampling threads of the together_ahead part, as train's --sample-ahead K (more than 1: "
+                        "the GPU sampler; default: %(default)s)")
     p.add_argument("--store", choices=("gpu_resident", "unified"), default="gpu_resident",
                    help="where the feature rows are read from (default: %(default)s)")
     p.add_argument("--cache-mb", type=int, default=0,
@@ -118,7 +127,7 @@ def parse(argv=None):
     p.add_argument("--out", type=Path, default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
-    for name in ("batches", "cached", "batch_size", "hidden", "warmup", "sampler_batches"):
+    for name in ("batches", "cached", "batch_size", "hidden", "warmup", "sampler_batches", "sample_ahead"):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     for name in ("cache_mb", "gather_sms", "gather_cpu_threads"):
@@ -141,8 +150,8 @@ def _choices(what: str, allowed):
     return parse
 
 
-def measure(precision, layers, aggregate, priority, ds, device, sampler, store, labels, batches, seeds, a,
-            show) -> dict:
+def measure(precision, layers, aggregate, priority, step_priority, ds, device, sampler, store, labels, batches,
+            seeds, a, show) -> dict:
     """Milliseconds per batch of each part with a fresh model of ``layers`` in ``precision``
     (``aggregate``: the built-in layers' mean aggregation)."""
     n_batches = len(batches)
@@ -242,12 +251,14 @@ def measure(precision, layers, aggregate, priority, ds, device, sampler, store, 
             parts["step_fill"] = seconds(device, fills)
         cached.clear()   # the cached batches go before the pipelined parts
 
-        for name, ahead in (("together", False), ("together_ahead", True)):
+        training = TrainingStream(step_priority, device)
+        for name, ahead in (("together", 0), ("together_ahead", a.sample_ahead)):
             loader = PipelinedLoader(sampler, store, seeds, a.batch_size, labels=labels, device=device,
-                                     prefetch=2, shuffle=False, sample_ahead=ahead, stream_priority=priority)
+                                     prefetch=2, shuffle=False, sample_ahead=ahead,
+                                     stream_priority=priority)
 
             def pipelined():
-                with loader, progress(n_batches, f"{precision} {name}", show) as bar:
+                with training.active(), loader, progress(n_batches, f"{precision} {name}", show) as bar:
                     for b in loader:
                         step(b)
                         bar.update(1)
@@ -285,6 +296,11 @@ def main(argv=None):
     device = resolve_device(a.device)
     for precision in a.precision:                 # before any data is loaded
         check_precision(precision, device)
+    if a.sample_ahead > 1 and device.type != "cuda":
+        raise ValueError(f"--sample-ahead {a.sample_ahead} needs the GPU sampler (a CUDA device), not {device}")
+    if "high" in a.step_priority and "high" in a.loader_priority:
+        raise ValueError("--step-priority high and --loader-priority high together put both at one priority: "
+                         "give one of them")
     if a.cuda_graph and device.type != "cuda":
         raise ValueError(f"--cuda-graph needs a CUDA device (it replays the step as a CUDA graph), not {device}")
     show = not a.no_progress
@@ -320,16 +336,18 @@ def main(argv=None):
               "batches": n_batches, "store": a.store, "runs": []}
     print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
           f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, CSR on {graph.device}, {device}", flush=True)
-    for relabel, waits, priority, layers, aggregate, precision in itertools.product(
-            a.sampler_relabel, a.sampler_waits, a.loader_priority, a.layers, a.aggregate, a.precision):
+    for relabel, waits, priority, step_priority, layers, aggregate, precision in itertools.product(
+            a.sampler_relabel, a.sampler_waits, a.loader_priority, a.step_priority, a.layers, a.aggregate,
+            a.precision):
         with torch_direct.experimental(sampler_waits=waits, sampler_relabel=relabel):   # read on each call
-            run = measure(precision, layers, aggregate, priority, ds, device, sampler, store, labels, batches,
-                          seeds, a, show)
+            run = measure(precision, layers, aggregate, priority, step_priority, ds, device, sampler, store, labels,
+                          batches, seeds, a, show)
         run["sampler_waits"], run["sampler_relabel"], run["loader_priority"] = waits, relabel, priority
+        run["step_priority"], run["sample_ahead"] = step_priority, a.sample_ahead
         run["aggregate"] = aggregate
         record["runs"].append(run)
         print(f" {run['layers']} layers ({aggregate} aggregation), {precision}, sampler waits {waits}, "
-              f"relabel {relabel}, loader priority {priority}:")
+              f"relabel {relabel}, loader priority {priority}, step priority {step_priority}:")
         for k, v in run["ms_per_batch"].items():
             print(f"  {k:15s} {v:8.3f} ms/batch")
         print(f"  together / (sample + gather + step) = {run['together_over_sum']:.2f} (sample ahead: "

@@ -24,6 +24,7 @@ class TestStepFloorProbe(TestCase):
             r = probe("--root", d, "--device", "cpu", "--batches", "3", "--cached", "2", "--batch-size", "128",
                       "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--precision", "bf16",
                       "--layers", "builtin", "--sampler-waits", "default,fewer", "--loader-priority", "high",
+                      "--step-priority", "normal",
                       "--sampler-relabel", "hash", "--feature-dtype", "fp8", "--aggregate", "fused,index_add",
                       "--sampler-batches", "2",
                       "--store", "unified", "--profile-sample", str(Path(d) / "sample.txt"), "--out", str(out))
@@ -41,6 +42,7 @@ class TestStepFloorProbe(TestCase):
                 self.assertTrue(all(v > 0 for v in ms.values()), ms)
                 parts = [ms[k] for k in ("sample", "gather", "step")]
                 self.assertAlmostEqual(run["max_part_over_sum"], max(parts) / sum(parts))
+            self.assertEqual({(run["step_priority"], run["sample_ahead"]) for run in rec["runs"]}, {("normal", 1)})
             self.assertEqual(r.stdout.count("together / (sample + gather + step)"), 4)
             self.assertIn("batches sampled in", (Path(d) / "sample.txt").read_text())
             self.assertEqual(rec["store"], "unified")
@@ -58,6 +60,11 @@ class TestStepFloorProbe(TestCase):
                               (["--sampler-waits", "none"], "expected comma-separated settings"),
                               (["--sampler-relabel", "radix"], "expected comma-separated settings"),
                               (["--loader-priority", "low"], "expected comma-separated priorities"),
+                              (["--step-priority", "low"], "expected comma-separated priorities"),
+                              (["--sample-ahead", "0"], "--sample-ahead must be positive"),
+                              (["--device", "cpu", "--sample-ahead", "2"], "needs the GPU sampler"),
+                              (["--device", "cpu", "--loader-priority", "high", "--step-priority", "high"],
+                               "both at one priority"),
                               (["--device", "cpu", "--batch-size", "100000"], "make no batch of 100000"),
                               (["--cache-mb", "64"], "--cache-mb applies to --store unified only"),
                               (["--store", "unified", "--gather-sms", "-1"], "--gather-sms must be >= 0"),
