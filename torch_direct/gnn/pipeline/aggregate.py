@@ -120,8 +120,7 @@ def relu_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     as ``F.dropout``'s. Elsewhere, and for other dtypes, the two torch functions."""
     if not 0 <= p <= 1:
         raise ValueError(f"relu_dropout: p must be in [0, 1], got {p}")
-    if (training and 0 < p < 1 and x.is_cuda and x.dtype in _FLOATS and _aggregate.has_cuda
-            and hasattr(_aggregate, "relu_dropout_forward")):
+    if training and 0 < p < 1 and x.is_cuda and x.dtype in _FLOATS and _aggregate.has_cuda:
         return _ReluDropout.apply(x, p)
     return torch.nn.functional.dropout(torch.relu(x), p=p, training=training)
 

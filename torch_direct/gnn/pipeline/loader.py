@@ -48,6 +48,15 @@ from .timing import Timer, split_by_busy
 STREAM_PRIORITIES = ("normal", "high")
 
 
+def cuda_priority(name: str, what: str, cuda: bool) -> int:
+    """The CUDA stream priority a ``STREAM_PRIORITIES`` name stands for: ``high`` the device's
+    highest (CUDA's lower number is the higher priority), ``normal`` 0, and 0 off CUDA
+    (``cuda`` False). Another name is refused on any device; ``what`` names it in the error."""
+    if name not in STREAM_PRIORITIES:
+        raise ValueError(f"{what} must be one of {', '.join(STREAM_PRIORITIES)}, got {name!r}")
+    return torch.cuda.Stream.priority_range()[1] if cuda and name == "high" else 0
+
+
 def _produce(stages: Stages, it, timer: Timer, q: queue.Queue, stop: threading.Event) -> None:
     """The producer thread's body. It holds no reference to the epoch or the loader, so
     dropping those (without close()) still stops it: a finalizer sets ``stop``."""
@@ -212,11 +221,7 @@ class PipelinedLoader:
         self.shard = shard
         self.device = features.device if device is None else check_device(device)
         self.cuda = self.device.type == "cuda"
-        if stream_priority not in STREAM_PRIORITIES:
-            raise ValueError(f"PipelinedLoader: stream_priority must be one of {', '.join(STREAM_PRIORITIES)}, "
-                             f"got {stream_priority!r}")
-        # CUDA's lower number is the higher priority; "high" takes the highest the device has.
-        prio = torch.cuda.Stream.priority_range()[1] if self.cuda and stream_priority == "high" else 0
+        prio = cuda_priority(stream_priority, "PipelinedLoader: stream_priority", self.cuda)
         self.stream = torch.cuda.Stream(self.device, priority=prio) if self.cuda else None
         if isinstance(sample_ahead, bool):
             sample_ahead = int(sample_ahead)

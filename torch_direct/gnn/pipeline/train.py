@@ -40,7 +40,7 @@ import torch
 from ..progress import progress
 from .evaluation import correct_count, evaluate, full_test_accuracy, test_ids
 from .graphed import GraphedStep, eager_step
-from .loader import STREAM_PRIORITIES
+from .loader import cuda_priority
 from .models import GNN, make_optimizer, model_precision, use_pyg_for
 from .options import add_arguments, check_options, check_paths, resolve_device  # noqa: F401  (add_arguments: the command.s options)
 from .timing import StepProfiler, Timer, split_by_busy, sync
@@ -84,11 +84,9 @@ class TrainingStream:
     changes."""
 
     def __init__(self, priority: str, device):
-        if priority not in STREAM_PRIORITIES:
-            raise ValueError(f"step priority must be one of {', '.join(STREAM_PRIORITIES)}, got {priority!r}")
         self.device = device
-        self.stream = (torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])
-                       if priority == "high" and device.type == "cuda" else None)
+        prio = cuda_priority(priority, "step priority", device.type == "cuda")
+        self.stream = torch.cuda.Stream(device, priority=prio) if prio != 0 else None
 
     @contextmanager
     def active(self):
@@ -207,10 +205,11 @@ def _run(args, ctx, make_batches) -> dict:
     buffers = int(getattr(args, "cuda_graph", 0) or 0)
     opt = make_optimizer(model, args.lr, capturable=buffers > 0)
     graphed = GraphedStep(step_model, opt, args.batch_size, buffers=buffers) if buffers else None
-    step_stream = TrainingStream(getattr(args, "step_priority", "normal"), device)
+    step_priority = getattr(args, "step_priority", "normal")
+    step_stream = TrainingStream(step_priority, device)
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
               "world_size": 1 if ctx is None else ctx.world, "dataset": repr(ds), "backend": model.backend,
-              **source.info, "step_priority": getattr(args, "step_priority", "normal"), "reorder": args.reorder,
+              **source.info, "step_priority": step_priority, "reorder": args.reorder,
               "reorder_s": reorder_s, "precision": args.precision,
               "epochs": []}
     reorder_text = f", reorder {args.reorder} ({reorder_s:.2f} s)" if args.reorder != "none" else ""
