@@ -369,6 +369,37 @@ class TestBenchTrainInput(TestCase):
             self.assertIn(msg, err)
             self.assertIn("unified, cpu_centric, gpu_resident, pyg", err)
 
+    def test_a_later_pipelines_refusal_comes_before_any_training(self):
+        # cpu_centric runs with one sampling thread (the note says why); unified on the CPU
+        # samples with the CPU sampler too, which refuses --sample-ahead 2: that must stop the
+        # benchmark before cpu_centric trains, not after
+        from torch_direct.gnn.pipeline import train
+        with mock.patch.object(train, "run", side_effect=AssertionError("trained")) as run:
+            rc, _, err = bench("--pipelines", "cpu_centric,unified", "--device", "cpu", "--sample-ahead", "2",
+                               "--out", os.devnull)
+        self.assertEqual(rc, 2)
+        self.assertIn("--pipelines unified: --sample-ahead 2 needs the GPU sampler", err)
+        run.assert_not_called()
+
+    def test_cpu_samplers_levers_per_pipeline(self):
+        from torch_direct.gnn.bench.train import add_arguments, pipeline_args
+        p = ArgumentParser()
+        add_arguments(p)
+        args = p.parse_args(["--sample-ahead", "2", "--sampler-batches", "1"])
+        cuda = torch.device("cuda")      # a device object only: nothing runs on it
+        a, notes = pipeline_args("cpu_centric", args, cuda)
+        self.assertEqual(a.sample_ahead, 1)
+        self.assertIn("one sampling thread", notes[0])
+        self.assertEqual(args.sample_ahead, 2)     # the caller's options are left as they were
+        a, notes = pipeline_args("unified", args, cuda)   # the GPU sampler keeps its threads
+        self.assertEqual((a.sample_ahead, notes), (2, []))
+        a, _ = pipeline_args("cpu_centric", p.parse_args(["--graph", "gpu", "--sample-ahead", "2"]), cuda)
+        self.assertEqual(a.sample_ahead, 1)          # --graph gpu does not move cpu_centric's sampler
+        args = p.parse_args(["--sampler-batches", "4"])
+        a, notes = pipeline_args("cpu_centric", args, cuda)
+        self.assertEqual(a.sampler_batches, 1)
+        self.assertIn("--sampler-batches applies to the GPU sampler", notes[0])
+
     def test_pipeline_is_not_pipelines(self):
         rc, _, err = bench("--pipeline", "unified", "--out", os.devnull)
         self.assertEqual(rc, 2)

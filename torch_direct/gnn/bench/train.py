@@ -21,7 +21,9 @@ the median runs.
 
 Every option of ``python -m torch_direct train`` applies to every pipeline (``--json`` is
 another name for ``--out``; ``--pipeline`` is replaced by ``--pipelines``); ``--cache-mb``
-applies to unified only and the PyG pipeline does not merge gathers. A pipeline that cannot
+applies to unified only, the PyG pipeline does not merge gathers, and cpu_centric, which samples
+on the CPU, takes one sampling thread for ``--sample-ahead K`` (each change is noted in its row);
+options that a pipeline would refuse are refused before the first one runs. A pipeline that cannot
 run here is recorded as skipped with the reason: ``gpu_resident`` without a GPU or with
 ``--device cpu``, ``pyg`` without torch_geometric or without pyg-lib / torch-sparse (its
 NeighborLoader's sampler). A pipeline that fails while running (out of memory, say) is
@@ -151,11 +153,10 @@ def epoch_row(name: str, rec: dict, note: str) -> dict:
     return row
 
 
-def _run_one(name: str, args, device) -> dict:
-    from ..pipeline import pyg_baseline, train
-    reason = _skip_reason(name, device)
-    if reason:
-        return {"pipeline": name, "status": "skipped", "reason": reason, "epoch_s": None}
+def pipeline_args(name: str, args, device):
+    """The options pipeline ``name`` runs with, and a note for each one changed from ``args``
+    because it does not apply to that pipeline."""
+    from ..pipeline.options import uses_gpu_sampler
     a = copy.copy(args)
     a.pipeline = name
     a.json = a.plot = None
@@ -182,6 +183,39 @@ def _run_one(name: str, args, device) -> dict:
             if getattr(args, attr) != default:
                 setattr(a, attr, default)
                 notes.append(note)
+    elif name == "cpu_centric" and not uses_gpu_sampler(a, device.type == "cuda"):
+        # the GPU sampler's levers, where cpu_centric samples on the CPU as it does by definition
+        # (another pipeline on the CPU sampler refuses them, as train does)
+        if a.sample_ahead > 1:
+            a.sample_ahead = 1
+            notes.append(f"one sampling thread: --sample-ahead {args.sample_ahead} applies to the GPU sampler, "
+                         f"and the CPU sampler samples on every core already")
+        if getattr(a, "sampler_batches", 1) > 1:
+            a.sampler_batches = 1
+            notes.append("one batch per sampler call: --sampler-batches applies to the GPU sampler")
+    return a, notes
+
+
+def check_pipelines(wanted, args, device) -> None:
+    """Refuse, before any pipeline runs, options that one of ``wanted`` would refuse once its
+    turn came (the error names that pipeline)."""
+    from ..pipeline.options import check_options
+    for name in wanted:
+        if _skip_reason(name, device):
+            continue
+        a, _ = pipeline_args(name, args, device)
+        try:
+            check_options(a, device)
+        except ValueError as e:
+            raise ValueError(f"--pipelines {name}: {e}") from None
+
+
+def _run_one(name: str, args, device) -> dict:
+    from ..pipeline import pyg_baseline, train
+    reason = _skip_reason(name, device)
+    if reason:
+        return {"pipeline": name, "status": "skipped", "reason": reason, "epoch_s": None}
+    a, notes = pipeline_args(name, args, device)
     out = io.StringIO()
     ctx = contextlib.nullcontext() if args.verbose else contextlib.redirect_stdout(out)
     try:
@@ -289,6 +323,7 @@ def run_bench(args, path: Path | None = None) -> dict:
     if device.type != "cuda":
         # unified's GPU-only levers (gpu_resident itself is skipped with its reason)
         check_machine(args, device)
+    check_pipelines(wanted, args, device)
     record = {"benchmark": "train", "machine": machine_record(), "device": str(device),
               "torch_threads": args.threads or torch.get_num_threads(),
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
