@@ -61,19 +61,19 @@ def _papers_graphed(r):
     return f"{s(u, 2)} / {s(g, 2)} ({x(u / g, 2)}); test accuracy {' / '.join(f'{a:.4f}' for a in sorted(acc))}"
 
 
-PAPERS_RESIDENT_BF16 = [f"train_papers100M-like_graphed-119a384_bf16_gpu-resident_buffers2_ahead2_run{i}.json"
-                        for i in (1, 2)]
+PAPERS_BF16 = {"unified": "train_papers100M-like_graphed-3a84d0f_bf16_unified_buffers2_ahead2_cache13500.json",
+               "gpu_resident": "train_papers100M-like_graphed-3a84d0f_bf16_gpu-resident_buffers2_ahead2_step-normal.json",
+               "gpu_resident high": "train_papers100M-like_graphed-3a84d0f_bf16_gpu-resident_buffers2_ahead2_step-high.json"}
 
 
-def _papers_resident_bf16(r):
-    runs = [r[n]["rows"][0] for n in PAPERS_RESIDENT_BF16]
-    accs = sorted({row["test_acc"] for row in runs})
-    return (f"{' / '.join(s(row['epoch_s'], 2) for row in runs)}; test accuracy "
-            f"{' / '.join(f'{a:.4f}' for a in accs)}")
+def _papers_bf16(r):
+    u, g, h = (r[n]["rows"][0] for n in PAPERS_BF16.values())
+    accs = " / ".join(f"{row['test_acc']:.4f}" for row in (u, g, h))
+    return (f"{s(u['epoch_s'], 2)} / {s(g['epoch_s'], 2)} ({x(u['epoch_s'] / g['epoch_s'], 2)}) / "
+            f"{s(h['epoch_s'], 2)}; test accuracy {accs}")
 
 
-PRODUCTS_OGB = "train_products-like_median3-7c3fc28_fp16_cache384.json"
-PAPERS_BF16 = "train_papers100M-like_graphed-7c3fc28_bf16_unified_cache13500.json"
+PRODUCTS_OGB = "train_products-like_median3-3a84d0f_fp16_cache384.json"
 
 
 def _products_ogb(r):
@@ -84,7 +84,7 @@ def _products_ogb(r):
 
 FP8 = {"papers": ("train_papers100M-like_hash-86c851a_unified_tf32_fp16.json",
                   "train_papers100M-like_hash-86c851a_unified_tf32_fp8.json"),
-       "products": ("train_products-like_cache192-7c3fc28_fp16.json", "train_products-like_cache192-7c3fc28_fp8.json")}
+       "products": ("train_products-like_cache192-3a84d0f_fp16.json", "train_products-like_cache192-3a84d0f_fp8.json")}
 
 
 def _fp8(r):
@@ -104,13 +104,12 @@ ROWS = [
      "all-in-GPU (unified against all-in-GPU)",
      list(PAPERS_GRAPHED.values()),
      _papers_graphed),
-    ("the same unified run with the graphed step in bfloat16 (`--precision bf16`)",
-     [PAPERS_BF16],
-     lambda r: f"{s(epoch(r[PAPERS_BF16], 'unified'), 2)}; test accuracy {r[PAPERS_BF16]['rows'][0]['test_acc']:.4f}"),
-    ("papers100M-like all-in-GPU, the step graphed in bfloat16 as one matmul a layer with ReLU and "
-     "dropout in one kernel, two sets of graphed buffers, two sampling threads (two runs)",
-     PAPERS_RESIDENT_BF16,
-     _papers_resident_bf16),
+    ("papers100M-like, the step graphed in bfloat16 as one matmul a layer with ReLU and dropout in one "
+     "kernel, two sets of graphed buffers, two sampling threads: unified with half of the table cached "
+     "and 12 CPU threads / all-in-GPU (unified against it) / all-in-GPU with the training stream at "
+     "high priority (`--step-priority high`)",
+     list(PAPERS_BF16.values()),
+     _papers_bf16),
     ("products-like as OGB's (123.7 million CSR entries), median of three runs each in one call, "
      "eager step, float16 features, 384 MiB GPU cache (82% of the rows): unified / all-in-GPU "
      "(unified against it) / CPU-centric",
