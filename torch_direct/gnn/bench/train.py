@@ -43,6 +43,7 @@ from pathlib import Path
 
 from .ablation import epoch_seconds
 from .common import check_writable, default_out, machine_record, print_markdown, run_and_report, write_json
+from .targets import add_targets
 from ..pipeline.options import check_machine, positive, resolve_device
 
 PIPELINES = ("unified", "cpu_centric", "gpu_resident", "pyg")
@@ -238,74 +239,6 @@ def add_ratios(record: dict) -> None:
                 if r["epoch_s"] > 0 else {}
     record["ratios"] = {k: ran[a]["epoch_s"] / ran[b]["epoch_s"] for k, (a, b) in RATIOS.items()
                         if a in ran and b in ran}
-
-
-# The project's targets on the H200 (GraphSAGE, 3 layers, hidden 256, fanouts 15,10,5, batch 1024):
-# epoch ratios on products-like, the papers100M-like epochs, and the accuracy checks anywhere.
-SPEED_TARGETS = (("unified_vs_cpu_centric", ">=", 4.0), ("unified_vs_pyg", ">=", 3.0),
-                 ("gpu_resident_vs_unified", "<=", 1.10))
-PAPERS_EPOCH_S = {"unified": 3.0, "gpu_resident": 2.5}
-ACC_POINTS = 0.01   # "within noise" / "within one point": one accuracy point
-# unified's figures count as features in host memory while its GPU cache holds at most this
-# share of the table's bytes (papers100M-like's target says half; elsewhere a cache may hold
-# anything short of the whole table); beyond it, the speed targets involving unified are not met
-MAX_CACHED_SHARE = {"papers100M-like": 0.5}
-
-
-def _cache_disqualifies(dataset: str, share: float) -> str | None:
-    """Why unified's figure does not count as one with the features in host memory, its GPU
-    cache having held ``share`` of the table's bytes (None: it counts)."""
-    held = f"unified's GPU cache held {share:.0%} of the table"
-    limit = MAX_CACHED_SHARE.get(dataset)
-    if limit is not None and share > limit:
-        return f"{held}, more than the {limit:.0%} a features-in-host-memory figure allows"
-    if share >= 1.0:
-        return f"{held}, so no row was read from host memory"
-    return None
-
-
-def _cached_share(rows) -> float:
-    """The share of the table's bytes the unified row's GPU cache held (0 without one)."""
-    for r in rows:
-        if r["pipeline"] == "unified":
-            return float((r.get("feature_store") or {}).get("cached_share", 0.0))
-    return 0.0
-
-
-def add_targets(record: dict) -> None:
-    """``record["targets"]``: each target that this run can check, with its value and whether it
-    is met. Speed targets are set on products-like (and the epoch for papers100M-like);
-    the accuracy ones hold on any data set."""
-    targets = []
-    dataset = str(record["args"].get("dataset"))
-    ran = [r for r in record["rows"] if r["status"] == "ok"]
-    why = _cache_disqualifies(dataset, _cached_share(ran))
-    host, cached = why is None, f"; {why}"
-    for key, op, want in SPEED_TARGETS:      # every one involves unified
-        v = record["ratios"].get(key)
-        if v is not None:
-            met = v >= want if op == ">=" else v <= want
-            targets.append({"name": f"{key} ({dataset}; the target is set on products-like"
-                                    f"{'' if host else cached})", "value": v,
-                            "want": f"{op} {want}", "met": met and host})
-    if dataset == "papers100M-like":
-        for r in ran:
-            want = PAPERS_EPOCH_S.get(r["pipeline"])
-            if want is not None:
-                ok = host or r["pipeline"] != "unified"
-                targets.append({"name": f"{r['pipeline']} epoch seconds (papers100M-like{'' if ok else cached})",
-                                "value": r["epoch_s"], "want": f"<= {want}", "met": r["epoch_s"] <= want and ok})
-    if len(ran) > 1:
-        accs = [r["test_acc"] for r in ran]
-        spread = max(accs) - min(accs)
-        targets.append({"name": "test accuracy spread over the pipelines", "value": spread,
-                        "want": f"<= {ACC_POINTS}", "met": spread <= ACC_POINTS})
-    for r in ran:
-        if "test_acc_full" in r:
-            gap = abs(r["test_acc"] - r["test_acc_full"])
-            targets.append({"name": f"{r['pipeline']}: sampled vs full-neighbourhood test accuracy", "value": gap,
-                            "want": f"<= {ACC_POINTS}", "met": gap <= ACC_POINTS})
-    record["targets"] = targets
 
 
 def run_bench(args, path: Path | None = None) -> dict:
