@@ -109,16 +109,17 @@ def compiled(name: str, files: list[str], cuda: bool):
 def extensions() -> list:
     """The device (torch_direct._C: the allocator, the unified kernels, the PrivateUse1
     registration), which a fork wheel has natively, and the GNN stack's neighbour samplers
-    (torch_direct.gnn.graph._sampler) and mean aggregation (torch_direct.gnn.pipeline._aggregate),
-    built on either vehicle."""
+    (torch_direct.gnn.graph._sampler), mean aggregation (torch_direct.gnn.pipeline._aggregate) and
+    the feature store's cached gather (torch_direct.gnn.pipeline._features), built on either vehicle."""
     cuda = want_cuda()
     out = []
     if not native_unified():
-        device = [f for f in sources(cuda) if not f.startswith(("csrc/sampler/", "csrc/aggregate/"))]
+        device = [f for f in sources(cuda) if not f.startswith(("csrc/sampler/", "csrc/aggregate/", "csrc/features/"))]
         device.append(str(gen_registrations.generate().relative_to(ROOT)))
         out.append(compiled("torch_direct._C", device, cuda))
     out.append(compiled("torch_direct.gnn.graph._sampler", sources(cuda, ("csrc/sampler",)), cuda))
     out.append(compiled("torch_direct.gnn.pipeline._aggregate", sources(cuda, ("csrc/aggregate",)), cuda))
+    out.append(compiled("torch_direct.gnn.pipeline._features", sources(cuda, ("csrc/features",)), cuda))
     return out
 
 

@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -35,6 +35,11 @@
 #   gpu_resident and cpu_centric in one call; then unified and gpu_resident with float16 and with
 #   float8 tables at the same FP8_CACHE_MB (default 192: 41% / 79% of the rows); the training
 #   stream at STEP_PRIORITY (default normal).
+#   FP8_RUNS=0 leaves out the float16 / float8 pair.
+# - products-cached-gather, papers-cached-gather: products-target's median-of-three run, and
+#   papers100M-like's unified papers-graphed run (bf16, two buffer sets, two sampling threads),
+#   each with the cached feature store's gather split, then in one pass (CACHED_GATHER_MODES,
+#   default "split fused"; CACHED_GATHER=split|fused sets it for any step).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
 # - papers: papers100M-like generated (timed), then `bench train` unified with
 #   the CSR in host memory, with `--graph gpu`, and with `--graph gpu --sample-ahead
@@ -102,6 +107,13 @@ R="$PWD"
 what="${1:-all}"
 DATA="${TORCH_DIRECT_DATA:-/tmp/td_data}"
 export PYTHONUNBUFFERED=1
+# CACHED_GATHER=split|fused: the cached feature store's gather in every run of the call
+# (TORCH_DIRECT_EXPERIMENTAL=cached_gather=...); products-target's and papers-graphed's records
+# then say it in their names (_cached-<mode>).
+if [ -n "${CACHED_GATHER:-}" ]; then
+  export TORCH_DIRECT_EXPERIMENTAL="${TORCH_DIRECT_EXPERIMENTAL:+$TORCH_DIRECT_EXPERIMENTAL,}cached_gather=$CACHED_GATHER"
+fi
+CG="${CACHED_GATHER:+_cached-$CACHED_GATHER}"
 
 build_pyg_wheels() {
   # Wheels fetched back from an earlier device run and carried in .whl/ are
@@ -151,7 +163,7 @@ papers_graphed() {  # papers-graphed (its options in the environment, as the hea
   papers_data_once
   local common fd tag threads p
   common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32} --step-priority ${STEP_PRIORITY:-normal}"
-  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}
+  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG
   threads="--gather-cpu-threads 12"; [ "$fd" = fp8 ] && threads=""
   for p in ${GRAPHED_PIPELINES:-gpu_resident unified}; do
     case "$p" in
@@ -296,11 +308,19 @@ case "$what" in
   products-target)  # the products-like target: median of three runs of each pipeline in one call, float16
     # features and a cache below the whole table, then float16 against float8 at the same cache bytes
     pc="--dataset products-like --epochs 2 --graph gpu --reorder frequency --test-nodes 100000 --step-priority ${STEP_PRIORITY:-normal}"
-    bench products-like_median3_fp16_cache${CACHE_MB:-384}${STEP_PRIORITY:+_step-$STEP_PRIORITY} 420 $pc --pipelines unified,gpu_resident,cpu_centric \
+    bench products-like_median3_fp16_cache${CACHE_MB:-384}${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG 420 $pc --pipelines unified,gpu_resident,cpu_centric \
       --repeats 3 --feature-dtype fp16 --cache-mb "${CACHE_MB:-384}"
-    for fd in fp16 fp8; do
-      bench products-like_cache${FP8_CACHE_MB:-192}_$fd${STEP_PRIORITY:+_step-$STEP_PRIORITY} 150 $pc --pipelines unified,gpu_resident \
+    [ "${FP8_RUNS:-1}" = 1 ] && for fd in fp16 fp8; do
+      bench products-like_cache${FP8_CACHE_MB:-192}_$fd${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG 150 $pc --pipelines unified,gpu_resident \
         --feature-dtype $fd --cache-mb "${FP8_CACHE_MB:-192}"
+    done ;;
+  products-cached-gather)  # products-target's median-of-three run with the cached gather split, then fused
+    for m in ${CACHED_GATHER_MODES:-split fused}; do CACHED_GATHER=$m FP8_RUNS=0 bash "$0" products-target; done ;;
+  papers-cached-gather)  # papers100M-like's unified run (papers-graphed's, bf16, two buffer sets, two sampling
+    # threads) with the cached gather split, then fused
+    for m in ${CACHED_GATHER_MODES:-split fused}; do
+      CACHED_GATHER=$m GRAPHED_PIPELINES=unified PRECISION=${PRECISION:-bf16} GRAPH_BUFFERS=${GRAPH_BUFFERS:-2} \
+        AHEAD=${AHEAD:-2} bash "$0" papers-graphed
     done ;;
   step-profile)  # what the graphed step of papers100M-like is made of
     papers_data_once

@@ -34,7 +34,8 @@ source_digest() {  # what the extension modules are built from
   } | sha256sum | cut -c1-16
 }
 built_with_cuda() { python3 -c "import torch_direct, sys; sys.exit(not torch_direct.built_with_cuda())" 2>/dev/null; }
-modules() { ls torch_direct/_C.*.so torch_direct/gnn/graph/_sampler.*.so torch_direct/gnn/pipeline/_aggregate.*.so 2>/dev/null; }
+modules() { ls torch_direct/_C.*.so torch_direct/gnn/graph/_sampler.*.so torch_direct/gnn/pipeline/_aggregate.*.so \
+  torch_direct/gnn/pipeline/_features.*.so 2>/dev/null; }
 digest=$(source_digest)
 # REUSE_BUILD=1 on a machine still warm from an earlier call keeps the build
 # that is there when it imports with CUDA.

@@ -5,6 +5,7 @@ import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -157,6 +158,86 @@ class TestFeatureStores(TestCase):
         with self.assertRaisesRegex(TypeError, "float32, float16 or bfloat16"):
             make_feature_store("cpu_centric", q, "cpu", torch.int64, scale=scale)
 
+    def _cases(self):
+        """(table, dtype asked, scale) for every table type the fused pass serves."""
+        q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
+        return [(self.x, None, None), (self.x, torch.bfloat16, None), (self.x.half(), torch.float32, None),
+                (self.x.bfloat16(), torch.float16, None), (q, None, scale), (q, torch.float16, scale)]
+
+    def test_fused_cached_gather_gives_the_split_gathers_rows(self):
+        # The one-pass cached gather (TORCH_DIRECT_EXPERIMENTAL=cached_gather=fused) against the
+        # split one, on the CPU: the same rows, bit for bit, and the same hit rate.
+        degree = torch.arange(500)
+        idx = torch.tensor([450, 3, 499, 400, 399, 0, 450])
+        for kind in ("unified", "cpu_centric"):
+            for x, dtype, scale in self._cases():
+                kw = dict(scale=scale, cache_bytes=100 * (12 * x.element_size() + (4 if scale is not None else 0)),
+                          degree=degree)
+                split = make_feature_store(kind, x, "cpu", dtype, **kw)
+                with torch_direct.experimental(cached_gather="fused"):
+                    fused = make_feature_store(kind, x, "cpu", dtype, **kw)
+                self.assertIsNotNone(fused._fused)
+                self.assertIsNone(split._fused)
+                msg = str((kind, x.dtype, dtype))
+                for i in (idx, idx.int()):
+                    self.assertEqual(fused.gather(i), split.gather(i), atol=0, rtol=0, msg=msg)
+                self.assertEqual(fused.stats()["cache_hit_rate"], 4 / 7, msg=msg)
+                self.assertEqual(fused.gather(torch.tensor([], dtype=torch.long)).shape, (0, 12))
+                for bad in (500, -1):
+                    with self.assertRaisesRegex(IndexError, f"index {bad} is out of bounds"):
+                        fused.gather(torch.tensor([3, bad]))
+        with torch_direct.experimental(cached_gather="fused"):
+            # Cached rows are served from the cache: change it and a hit shows it, a miss not.
+            store = make_feature_store("unified", self.x, "cpu", cache_bytes=100 * 12 * 4, degree=degree)
+            store.cache.fill_(7.0)
+            got = store.gather(torch.tensor([450, 3]))
+            self.assertEqual(got[0], torch.full((12,), 7.0))
+            self.assertEqual(got[1], self.x[3])
+            # Without a cache (a budget below one row) there is nothing to fuse.
+            self.assertIsNone(make_feature_store("unified", self.x, "cpu", cache_bytes=10, degree=degree)._fused)
+        with torch_direct.experimental(cached_gather="both"):
+            with self.assertRaisesRegex(ValueError, "cached_gather must be split or fused"):
+                make_feature_store("unified", self.x, "cpu", cache_bytes=1000, degree=degree)
+
+    def test_cached_gather_pass(self):
+        # The pass itself: entry j's row written at pos[j], misses and bad rows counted (a slot
+        # past the cache: written as zeros), its arguments checked before anything is written.
+        from torch_direct.gnn.pipeline import _features
+        table = torch.randn(50, 8)
+        cache = torch.randn(4, 8)
+        slot = torch.full((50,), -1, dtype=torch.int32)
+        slot[torch.tensor([5, 9, 11])] = torch.tensor([0, 1, 2], dtype=torch.int32)
+        slot[20] = 4                                   # past the cache's 4 rows
+        keys = torch.tensor([5, 6, 9, 20, 49, 11])
+        pos = torch.tensor([3, 0, 5, 1, 2, 4])
+        out = torch.full((6, 8), float("nan"))
+        counts = torch.zeros(2, dtype=torch.int64)
+        _features.cached_gather(table, cache, slot, keys, pos, out, None, None, counts, 0)
+        want = torch.stack([cache[0], table[6], cache[1], torch.zeros(8), table[49], cache[2]])
+        self.assertEqual(out[pos], want, atol=0, rtol=0)
+        self.assertEqual(counts.tolist(), [2, 1])
+        _features.cached_gather(table, cache, slot, keys, None, out, None, None, counts, 0)
+        self.assertEqual(out, want, atol=0, rtol=0)
+        self.assertEqual(counts.tolist(), [4, 2])      # counts accumulate
+        bad_pos = torch.tensor([0, 1, 2, 3, 4, 6])      # a position past out: nothing written there
+        _features.cached_gather(table, cache, slot, keys, bad_pos, out.clone(), None, None, counts, 0)
+        self.assertEqual(counts.tolist(), [6, 4])
+        before = out.clone()
+        for args, msg in (
+                ((table, cache, slot.long(), keys, None, out, None, None, counts, 0), "slot must be"),
+                ((table, cache.half(), slot, keys, None, out, None, None, counts, 0), "cache must be"),
+                ((table, cache, slot, keys.float(), None, out, None, None, counts, 0), "index must be"),
+                ((table, cache, slot, keys, pos[:3], out, None, None, counts, 0), "pos must be"),
+                ((table, cache, slot, keys, None, out[:3], None, None, counts, 0), "out must be"),
+                ((table, cache, slot, keys, None, out, torch.ones(50), torch.ones(4), counts, 0), "float8 table only"),
+                ((table, cache, slot, keys, None, out, None, None, counts[:1], 0), "counters must be"),
+                ((table, cache, slot, keys, None, out, None, None, counts, -1), "max_sms"),
+                ((table.long(), cache.long(), slot, keys, None, out, None, None, counts, 0), "table must be")):
+            with self.assertRaisesRegex(RuntimeError, msg):
+                _features.cached_gather(*args)
+        self.assertEqual(out, before)
+        self.assertEqual(counts.tolist(), [6, 4])
+
     def test_table_on_huge_pages(self):
         # The experimental setting feature_pages=huge: the unified store's table is a copy on
         # anonymous memory advised for huge pages, pinned in place; it outlives every local
@@ -271,6 +352,52 @@ class TestFeatureStores(TestCase):
                 out = store.gather(idx.cuda(), stream=s)
                 s.synchronize()
                 self.assertEqual(out.cpu(), want, atol=0, rtol=0, msg=str((kind, kw.keys())))
+
+    @requires_gpu
+    def test_fused_cached_gather_on_the_gpu(self):
+        # The one-pass cached gather against the split one on a GPU, on a side stream: the same
+        # rows bit for bit and the same hit rate, for every table type, with the index read as
+        # given and sorted first (as on tables of 8 GiB and more), on all SMs and on one.
+        from torch_direct.gnn.pipeline import cache
+        degree = torch.arange(500)
+        idx = torch.randint(0, 500, (3000,), generator=torch.Generator().manual_seed(1)).cuda()
+        s = torch.cuda.Stream()
+        for x, dtype, scale in self._cases():
+            kw = dict(scale=scale, cache_bytes=100 * (12 * x.element_size() + (4 if scale is not None else 0)),
+                      degree=degree)
+            split = make_feature_store("unified", x, "cuda", dtype, **kw)
+            want = split.gather(idx, stream=s)
+            s.synchronize()
+            for large, sms in ((False, None), (True, None), (False, 1)):
+                with torch_direct.experimental(cached_gather="fused"), \
+                        mock.patch.object(cache, "LARGE_TABLE_BYTES", 0 if large else 8 << 30):
+                    fused = make_feature_store("unified", x, "cuda", dtype, max_sms=sms, **kw)
+                msg = str((x.dtype, dtype, large, sms))
+                self.assertEqual(fused._fused[2], large, msg=msg)
+                got = fused.gather(idx, stream=s)
+                s.synchronize()
+                self.assertEqual(got, want, atol=0, rtol=0, msg=msg)
+                self.assertEqual(fused.stats()["cache_hit_rate"], split.stats()["cache_hit_rate"], msg=msg)
+        # A width no vector load divides (13 columns), and int32 indices.
+        x13 = torch.randn(500, 13)
+        with torch_direct.experimental(cached_gather="fused"):
+            fused = make_feature_store("unified", x13, "cuda", cache_bytes=100 * 13 * 4, degree=degree)
+        self.assertEqual(fused.gather(idx.int()).cpu(), x13[idx.cpu()])
+        # Rows outside the table: never read, written as zeros, and refused when the device is
+        # next waited for.
+        with torch_direct.experimental(cached_gather="fused"):
+            fused = make_feature_store("unified", self.x, "cuda", cache_bytes=100 * 12 * 4, degree=degree)
+        got = fused.gather(torch.tensor([3, 500, -1, 450]).cuda()).cpu()
+        self.assertEqual(got[0], self.x[3])
+        self.assertEqual(got[3], self.x[450])
+        self.assertEqual(got[1:3], torch.zeros(2, 12))
+        with self.assertRaisesRegex(IndexError, "2 gathered rows lay outside the table"):
+            fused.stats()
+        # The hybrid gather's CPU threads read the table themselves: that store stays split.
+        with torch_direct.experimental(cached_gather="fused"):
+            hybrid = make_feature_store("unified", self.x, "cuda", cpu_threads=2, cache_bytes=100 * 48,
+                                        degree=degree)
+        self.assertIsNone(hybrid._fused)
 
     @requires_gpu
     def test_gather_capped_to_a_few_sms(self):

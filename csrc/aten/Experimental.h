@@ -33,6 +33,7 @@ constexpr const char* kSettings[] = {
     "sampler_waits",        // default | fewer: the GPU sampler's host waits per hop
     "sampler_relabel",      // sort | hash: how the GPU sampler numbers a hop's new nodes
     "feature_pages",        // small | huge: the GNN feature store's table pages (read in Python)
+    "cached_gather",        // split | fused: the GNN feature store's cached gather (read in Python)
 };
 
 [[maybe_unused]] bool known(const std::string& name) {

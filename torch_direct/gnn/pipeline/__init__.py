@@ -10,8 +10,9 @@
 ``python -m torch_direct train --help`` trains a GNN with it from the shell.
 """
 
-from .features import (KINDS, CachedFeatureStore, CPUCentricFeatureStore, FeatureStore, GPUResidentFeatureStore,
-                       UnifiedFeatureStore, make_feature_store)
+from .features import (KINDS, CPUCentricFeatureStore, FeatureStore, GPUResidentFeatureStore, UnifiedFeatureStore,
+                       make_feature_store)
+from .cache import CachedFeatureStore
 from .loader import PipelinedLoader
 from .stages import STAGES, Batch
 from .pyg import to_pyg, to_pyg_graph_store

@@ -283,93 +283,6 @@ class GPUResidentFeatureStore(FeatureStore):
                                    scale=self.scale, order="as_is")
 
 
-def _check_cache_args(cache_bytes, degree, num_rows, who: str):
-    """``degree`` as a flat tensor, after refusing a bad ``cache_bytes`` or a ``degree`` that
-    is missing or has not one entry per row (``num_rows``; None: not known yet)."""
-    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
-        raise ValueError(f"{who}cache_bytes must be an int >= 0, got {cache_bytes!r}")
-    if degree is None:
-        raise ValueError(f"{who}a cache needs degree= (rows are ranked by it)")
-    degree = torch.as_tensor(degree).reshape(-1)
-    if num_rows is not None and degree.numel() != num_rows:
-        raise ValueError(f"{who}degree has {degree.numel()} entries for {num_rows} rows")
-    return degree
-
-
-class CachedFeatureStore(FeatureStore):
-    """Any store, with a cache of its hottest rows in its device's memory.
-
-    The rows with the highest ``degree`` score (one entry per row; it should say how often
-    a row is read, as ``access_frequency`` does) that fit in ``cache_bytes`` are read from
-    ``store`` once and kept on ``store.device`` in the table's own format (``row_bytes``
-    each: a float16 table's rows as float16, a float8 table's with their scales), and cast
-    (scaled) to the output dtype when served. A gather onto that device serves the cached rows from there and reads
-    the others through ``store.read``; it waits for the device once, to learn how many rows
-    missed. A gather onto another device goes to the store. On a CPU device the cache is a
-    copy in ordinary memory (it changes nothing there, which is what the CPU tests use).
-    """
-
-    def __init__(self, store: FeatureStore, cache_bytes: int, degree):
-        if not isinstance(store, FeatureStore) or isinstance(store, CachedFeatureStore):
-            raise TypeError(f"CachedFeatureStore: store must be an uncached FeatureStore, got {type(store).__name__}")
-        degree = _check_cache_args(cache_bytes, degree, store.num_rows, "CachedFeatureStore: ")
-        self.store = store
-        self.kind = store.kind
-        self.device, self.num_rows, self.dim = store.device, store.num_rows, store.dim
-        self.source_dtype, self.dtype, self.scaled = store.source_dtype, store.dtype, store.scaled
-        self.cache_rows = min(self.num_rows, cache_bytes // max(1, store.row_bytes))
-        self.cache = self.cache_scale = self.slot = None
-        self.hits = self.lookups = 0
-        if self.cache_rows:
-            hot = torch.topk(degree.cpu().float(), self.cache_rows, sorted=False).indices.sort().values
-            # the rows as the table holds them, read once (a unified table by the GPU's gather)
-            at = hot.to(self.device) if store.table.device.type == "unified" else hot
-            self.cache = torch_direct.gather(store.table, at).to(self.device)
-            if self.scaled:
-                self.cache_scale = store.scale[hot.to(store.scale.device)].to(self.device)
-            self.slot = torch.full((self.num_rows,), -1, dtype=torch.int32, device=self.device)
-            self.slot[hot.to(self.device)] = torch.arange(self.cache_rows, dtype=torch.int32, device=self.device)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)   # gathers on side streams read the cache
-
-    @property
-    def table(self):
-        return self.store.table
-
-    @property
-    def row_bytes(self) -> int:
-        return self.store.row_bytes
-
-    def read(self, idx, device):
-        if self.cache is None or device != self.device:
-            return self.store.read(idx, device)
-        idx = idx.to(device, non_blocking=True)
-        slot = self.slot[idx]
-        miss = torch.nonzero(slot < 0).squeeze(1)   # one sync: the misses' count sizes their gather
-        self.hits += idx.numel() - miss.numel()
-        self.lookups += idx.numel()
-        # Every position reads the cache, a miss its row 0 (overwritten below): one gather
-        # writing the batch in order, where taking the hits apart would compact them and
-        # scatter them back, a second pass over the batch's rows.
-        at = slot.clamp(min=0).long()
-        out = dequantize(take_rows(self.cache, at), None if self.cache_scale is None else self.cache_scale[at],
-                         self.dtype)
-        if miss.numel():
-            out[miss] = self.store.read(idx[miss], device)
-        return out
-
-    def stats(self) -> dict:
-        s = self.store.stats()
-        s["cache_rows"] = self.cache_rows
-        s["cached_share"] = self.cache_rows / self.num_rows if self.num_rows else 0.0  # of the table's bytes
-        if self.cache is not None:
-            s["cache_hit_rate"] = self.hits / self.lookups if self.lookups else 0.0
-        return s
-
-    def __repr__(self) -> str:
-        return f"CachedFeatureStore({self.store!r}, cache_rows={self.cache_rows})"
-
-
 def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, scale=None, cache_bytes: int = 0,
                        degree=None, pin_inplace: bool = False, max_sms: int | None = None,
                        cpu_threads: int = 0) -> FeatureStore:
@@ -383,9 +296,10 @@ def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, scale=
         raise ValueError(f"unknown feature store {kind!r}: expected one of {', '.join(KINDS)}")
     if cache_bytes and kind == "gpu_resident":
         raise ValueError("cache_bytes: the gpu_resident store holds its whole table in device memory already")
+    from .cache import CachedFeatureStore, check_cache_args   # (cache.py builds on this module)
     no_cache = isinstance(cache_bytes, int) and not isinstance(cache_bytes, bool) and cache_bytes == 0
     if not no_cache:   # checked before the store copies the table (gigabytes, maybe)
-        _check_cache_args(cache_bytes, degree, x.shape[0] if isinstance(x, torch.Tensor) else None, "")
+        check_cache_args(cache_bytes, degree, x.shape[0] if isinstance(x, torch.Tensor) else None, "")
     check_scale(x, scale, dtype, "make_feature_store")
     if kind == "unified":
         store = UnifiedFeatureStore(x, device, dtype, scale=scale, pin_inplace=pin_inplace, max_sms=max_sms,

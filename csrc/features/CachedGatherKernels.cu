@@ -1,0 +1,219 @@
+// The cached gather's CUDA pass (CachedGather.h): one kernel reads each entry's row from the
+// cache in device memory or, for a miss, from the table in place (mapped host memory), casts
+// (and scales) it into out, and counts misses and bad rows on the device. No host wait: the
+// loader thread that queues it goes on to the next batch at once.
+//
+// Work items are (entry, chunk of V elements) pairs, a grid-stride loop with kUnroll items in
+// flight per thread (reads of host memory take microseconds: keep many pending), as the
+// device's own gather kernel does. A row's chunks go to adjacent lanes, so a row is read in
+// one go; with pos (the index sorted, pos[j] the output row of entry j) the misses are read
+// in address order, which large tables in host memory need.
+
+#include "CachedGather.h"
+#include "Dispatch.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+namespace torch_direct::features {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+template <typename in_t, typename out_t, int V>
+__device__ __forceinline__ Vec<out_t, V> convert(const Vec<in_t, V>& x, float s) {
+  Vec<out_t, V> y;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    if constexpr (std::is_same_v<in_t, out_t>) {
+      y.v[k] = s == 1.0f ? x.v[k] : static_cast<out_t>(static_cast<float>(x.v[k]) * s);
+    } else {
+      y.v[k] = static_cast<out_t>(static_cast<float>(x.v[k]) * s);
+    }
+  }
+  return y;
+}
+
+template <typename in_t, typename out_t, int V, typename index_t>
+__global__ void __launch_bounds__(kThreads)
+cached_gather_kernel(const in_t* __restrict__ table, int64_t stride, int64_t rows,
+                     const in_t* __restrict__ cache, int64_t cache_rows, const int32_t* __restrict__ slot,
+                     const index_t* __restrict__ index, const int64_t* __restrict__ pos, int64_t n,
+                     int64_t chunks, out_t* __restrict__ out, const float* __restrict__ scale,
+                     const float* __restrict__ cache_scale, unsigned long long* __restrict__ counters) {
+  using InV = Vec<in_t, V>;
+  using OutV = Vec<out_t, V>;
+  const int64_t width = chunks * V;
+  const int64_t total = n * chunks;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads * kUnroll;
+  unsigned long long misses = 0, bad = 0;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < total;
+       base += step) {
+    InV val[kUnroll];
+    float f[kUnroll];
+    int64_t dst[kUnroll];   // the output row's first element, -1: none written
+    int state[kUnroll];     // 0: nothing, 1: a row read, 2: zeros (a bad row)
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t item = base + static_cast<int64_t>(u) * kThreads;
+      state[u] = 0;
+      if (item >= total) {
+        continue;
+      }
+      const int64_t j = item / chunks;
+      const int64_t c = item - j * chunks;
+      const int64_t p = pos == nullptr ? j : pos[j];
+      if (p < 0 || p >= n) {
+        bad += c == 0;
+        continue;
+      }
+      dst[u] = p * width + c * V;
+      const int64_t r = static_cast<int64_t>(index[j]);
+      const in_t* src = nullptr;
+      f[u] = 1.0f;
+      if (r >= 0 && r < rows) {
+        const int64_t s = slot[r];
+        if (s < 0) {
+          src = table + r * stride;
+          if (scale != nullptr) f[u] = scale[r];
+          misses += c == 0;
+        } else if (s < cache_rows) {
+          src = cache + s * width;
+          if (cache_scale != nullptr) f[u] = cache_scale[s];
+        }
+      }
+      if (src == nullptr) {
+        bad += c == 0;
+        state[u] = 2;
+        continue;
+      }
+      val[u] = reinterpret_cast<const InV*>(src)[c];
+      state[u] = 1;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (state[u] == 1) {
+        *reinterpret_cast<OutV*>(out + dst[u]) = convert<in_t, out_t, V>(val[u], f[u]);
+      } else if (state[u] == 2) {
+        OutV z;
+#pragma unroll
+        for (int k = 0; k < V; ++k) z.v[k] = static_cast<out_t>(0.0f);
+        *reinterpret_cast<OutV*>(out + dst[u]) = z;
+      }
+    }
+  }
+  // one atomic per warp and counter
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    misses += __shfl_down_sync(0xffffffffu, misses, off);
+    bad += __shfl_down_sync(0xffffffffu, bad, off);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (misses) atomicAdd(counters, misses);
+    if (bad) atomicAdd(counters + 1, bad);
+  }
+}
+
+bool aligned(const void* p, int64_t a) {
+  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(a) == 0;
+}
+
+template <typename in_t, typename out_t, int V, typename index_t>
+void launch(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& slot, const at::Tensor& index,
+            const at::Tensor& pos, at::Tensor& out, const at::Tensor& scale, const at::Tensor& cache_scale,
+            at::Tensor& counters, int64_t max_sms) {
+  const int64_t n = index.size(0);
+  const int64_t chunks = table.size(1) / V;
+  const int64_t total = n * chunks;
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, out.device().index()));
+  const int use = max_sms > 0 && max_sms < sms ? static_cast<int>(max_sms) : sms;
+  const int64_t per_block = kThreads * kUnroll;
+  // 2048 resident threads an SM on sm_80/sm_90: 8 blocks of 256
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((total + per_block - 1) / per_block,
+                                                               static_cast<int64_t>(use) * 8));
+  auto stream = c10::cuda::getCurrentCUDAStream(out.device().index());
+  cached_gather_kernel<in_t, out_t, V, index_t><<<grid, kThreads, 0, stream>>>(
+      table.const_data_ptr<in_t>(), table.stride(0), table.size(0), cache.const_data_ptr<in_t>(), cache.size(0),
+      slot.const_data_ptr<int32_t>(), index.const_data_ptr<index_t>(),
+      pos.defined() ? pos.const_data_ptr<int64_t>() : nullptr, n, chunks, out.data_ptr<out_t>(),
+      scale.defined() ? scale.const_data_ptr<float>() : nullptr,
+      cache_scale.defined() ? cache_scale.const_data_ptr<float>() : nullptr,
+      reinterpret_cast<unsigned long long*>(counters.data_ptr<int64_t>()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The widest V (elements a load) that divides the row and keeps every row of the table, the
+// cache and out aligned to it: 16 bytes of the table's elements at most.
+template <typename in_t, typename out_t>
+int vector_width(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& out) {
+  const int64_t width = table.size(1);
+  for (int v : {16, 8, 4, 2}) {
+    if (static_cast<int64_t>(sizeof(in_t)) * v > 16) {
+      continue;
+    }
+    const int64_t in_bytes = static_cast<int64_t>(sizeof(in_t)) * v;
+    const int64_t out_bytes = static_cast<int64_t>(sizeof(out_t)) * v;
+    if (width % v == 0 && table.stride(0) % v == 0 && aligned(table.const_data_ptr(), in_bytes) &&
+        aligned(cache.const_data_ptr(), in_bytes) && aligned(out.const_data_ptr(), out_bytes)) {
+      return v;
+    }
+  }
+  return 1;
+}
+
+template <typename in_t, typename out_t, typename index_t>
+void launch_widest(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& slot,
+                   const at::Tensor& index, const at::Tensor& pos, at::Tensor& out, const at::Tensor& scale,
+                   const at::Tensor& cache_scale, at::Tensor& counters, int64_t max_sms) {
+  const int v = vector_width<in_t, out_t>(table, cache, out);
+  auto go = [&](auto width_tag) {
+    constexpr int V = decltype(width_tag)::value;
+    if constexpr (sizeof(in_t) * V <= 16) {
+      launch<in_t, out_t, V, index_t>(table, cache, slot, index, pos, out, scale, cache_scale, counters, max_sms);
+    } else {
+      TORCH_INTERNAL_ASSERT(false, "cached_gather: a load wider than 16 bytes");
+    }
+  };
+  switch (v) {
+    case 16: go(std::integral_constant<int, 16>{}); break;
+    case 8: go(std::integral_constant<int, 8>{}); break;
+    case 4: go(std::integral_constant<int, 4>{}); break;
+    case 2: go(std::integral_constant<int, 2>{}); break;
+    default: go(std::integral_constant<int, 1>{}); break;
+  }
+}
+
+} // namespace
+
+void cached_gather_cuda(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& slot,
+                        const at::Tensor& index, const at::Tensor& pos, at::Tensor& out,
+                        const at::Tensor& scale, const at::Tensor& cache_scale, at::Tensor& counters,
+                        int64_t max_sms) {
+  if (index.size(0) == 0 || table.size(1) == 0) {
+    return;
+  }
+  c10::cuda::CUDAGuard guard(out.device());
+  dispatch_types(table.scalar_type(), out.scalar_type(), [&](auto in_tag, auto out_tag) {
+    using in_t = decltype(in_tag);
+    using out_t = decltype(out_tag);
+    if (index.scalar_type() == at::kInt) {
+      launch_widest<in_t, out_t, int32_t>(table, cache, slot, index, pos, out, scale, cache_scale, counters, max_sms);
+    } else {
+      launch_widest<in_t, out_t, int64_t>(table, cache, slot, index, pos, out, scale, cache_scale, counters, max_sms);
+    }
+  });
+}
+
+} // namespace torch_direct::features

@@ -1,0 +1,171 @@
+"""A cache of a feature store's hottest rows in its device's memory (:class:`CachedFeatureStore`),
+and its gather: split (a lookup, a wait for the misses' count, a gather of each part) or, with
+``TORCH_DIRECT_EXPERIMENTAL=cached_gather=fused``, one pass (``_features.cached_gather``)."""
+
+from __future__ import annotations
+
+import torch
+
+import torch_direct
+from .features import FeatureStore, UnifiedFeatureStore, dequantize, take_rows
+
+
+def cached_gather_mode() -> str:
+    """The experimental setting cached_gather: "split" (unset: the default) or "fused"."""
+    mode = torch_direct.experimental_setting("cached_gather") or "split"
+    if mode not in ("split", "fused"):
+        raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: cached_gather must be split or fused, not {mode!r}")
+    return mode
+
+
+# A table of this many bytes or more in host memory is read in address order by the fused cached
+# gather (its index sorted first), as the device's own gather does: the GPU translates the
+# addresses of reads in order far faster on such tables (docs/gather.md).
+LARGE_TABLE_BYTES = 8 << 30
+
+
+def check_cache_args(cache_bytes, degree, num_rows, who: str):
+    """``degree`` as a flat tensor, after refusing a bad ``cache_bytes`` or a ``degree`` that
+    is missing or has not one entry per row (``num_rows``; None: not known yet)."""
+    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+        raise ValueError(f"{who}cache_bytes must be an int >= 0, got {cache_bytes!r}")
+    if degree is None:
+        raise ValueError(f"{who}a cache needs degree= (rows are ranked by it)")
+    degree = torch.as_tensor(degree).reshape(-1)
+    if num_rows is not None and degree.numel() != num_rows:
+        raise ValueError(f"{who}degree has {degree.numel()} entries for {num_rows} rows")
+    return degree
+
+
+class CachedFeatureStore(FeatureStore):
+    """Any store, with a cache of its hottest rows in its device's memory.
+
+    The rows with the highest ``degree`` score (one entry per row; it should say how often
+    a row is read, as ``access_frequency`` does) that fit in ``cache_bytes`` are read from
+    ``store`` once and kept on ``store.device`` in the table's own format (``row_bytes``
+    each: a float16 table's rows as float16, a float8 table's with their scales), and cast
+    (scaled) to the output dtype when served. A gather onto that device serves the cached rows from there and reads
+    the others through ``store.read``; it waits for the device once, to learn how many rows
+    missed. A gather onto another device goes to the store. On a CPU device the cache is a
+    copy in ordinary memory (it changes nothing there, which is what the CPU tests use).
+
+    With the experimental setting ``cached_gather=fused`` (:func:`cached_gather_mode`), a gather
+    whose table the device can read in place (a unified store on a GPU without CPU threads, or
+    any store on the CPU) is one pass instead (``_features.cached_gather``): each row from the
+    cache or the table, cast and scaled as it is written, the misses counted on the device, with
+    no wait for it. Rows outside the table are refused with IndexError before the pass on the
+    CPU; on a GPU they are written as zeros and counted, and :meth:`stats`, which waits for the
+    device, raises IndexError for them.
+    """
+
+    def __init__(self, store: FeatureStore, cache_bytes: int, degree):
+        if not isinstance(store, FeatureStore) or isinstance(store, CachedFeatureStore):
+            raise TypeError(f"CachedFeatureStore: store must be an uncached FeatureStore, got {type(store).__name__}")
+        degree = check_cache_args(cache_bytes, degree, store.num_rows, "CachedFeatureStore: ")
+        self.store = store
+        self.kind = store.kind
+        self.device, self.num_rows, self.dim = store.device, store.num_rows, store.dim
+        self.source_dtype, self.dtype, self.scaled = store.source_dtype, store.dtype, store.scaled
+        self.cache_rows = min(self.num_rows, cache_bytes // max(1, store.row_bytes))
+        self.cache = self.cache_scale = self.slot = None
+        self.hits = self.lookups = 0
+        if self.cache_rows:
+            hot = torch.topk(degree.cpu().float(), self.cache_rows, sorted=False).indices.sort().values
+            # the rows as the table holds them, read once (a unified table by the GPU's gather)
+            at = hot.to(self.device) if store.table.device.type == "unified" else hot
+            self.cache = torch_direct.gather(store.table, at).to(self.device)
+            if self.scaled:
+                self.cache_scale = store.scale[hot.to(store.scale.device)].to(self.device)
+            self.slot = torch.full((self.num_rows,), -1, dtype=torch.int32, device=self.device)
+            self.slot[hot.to(self.device)] = torch.arange(self.cache_rows, dtype=torch.int32, device=self.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)   # gathers on side streams read the cache
+        self._fused = self._fused_source() if self.cache_rows and cached_gather_mode() == "fused" else None
+        # misses and rows outside the table, counted by the fused pass on the device
+        self._counts = torch.zeros(2, dtype=torch.int64, device=self.device) if self._fused else None
+
+    def _fused_source(self):
+        """(table as the fused pass reads it, its scales, sort the index first?) when the fused
+        pass can read ``store``'s table on its device, else None (the split gather then)."""
+        store = self.store
+        if store.table.stride(-1) != 1:
+            return None      # rows the pass cannot read as runs of elements
+        if self.device.type == "cpu":
+            table = store.table
+            if table.device.type == "unified":
+                table = torch_direct.cpu_alias(table)
+            elif table.device.type != "cpu":
+                return None
+            return table, store.scale if self.scaled else None, False   # on the CPU there
+        if not isinstance(store, UnifiedFeatureStore) or store.cpu_threads:
+            return None      # a table the GPU cannot read in place, or the hybrid gather's CPU share
+        table = torch_direct.cuda_alias(store.table, self.device.index)
+        large = store.table.shape[0] * store.table.stride(0) * store.table.element_size() >= LARGE_TABLE_BYTES
+        return table, store.scale, large
+
+    @property
+    def table(self):
+        return self.store.table
+
+    @property
+    def row_bytes(self) -> int:
+        return self.store.row_bytes
+
+    def read(self, idx, device):
+        if self.cache is None or device != self.device:
+            return self.store.read(idx, device)
+        if self._fused is not None:
+            return self._read_fused(idx, device)
+        idx = idx.to(device, non_blocking=True)
+        slot = self.slot[idx]
+        miss = torch.nonzero(slot < 0).squeeze(1)   # one sync: the misses' count sizes their gather
+        self.hits += idx.numel() - miss.numel()
+        self.lookups += idx.numel()
+        # Every position reads the cache, a miss its row 0 (overwritten below): one gather
+        # writing the batch in order, where taking the hits apart would compact them and
+        # scatter them back, a second pass over the batch's rows.
+        at = slot.clamp(min=0).long()
+        out = dequantize(take_rows(self.cache, at), None if self.cache_scale is None else self.cache_scale[at],
+                         self.dtype)
+        if miss.numel():
+            out[miss] = self.store.read(idx[miss], device)
+        return out
+
+    def _read_fused(self, idx, device):
+        from . import _features
+        table, scale, sort = self._fused
+        idx = idx.to(device, non_blocking=True)
+        if device.type == "cpu" and idx.numel():
+            lo, hi = torch.aminmax(idx)
+            if lo < 0 or hi >= self.num_rows:
+                bad = int(lo) if lo < 0 else int(hi)
+                raise IndexError(f"gather: index {bad} is out of bounds for a table of {self.num_rows} rows")
+        out = torch.empty(idx.numel(), self.dim, dtype=self.dtype, device=device)
+        if idx.numel() == 0:
+            return out
+        pos = None
+        if sort:
+            idx, pos = torch.sort(idx)
+        _features.cached_gather(table, self.cache, self.slot, idx.contiguous(), pos, out, scale,
+                                self.cache_scale, self._counts, getattr(self.store, "max_sms", None) or 0)
+        self.lookups += out.shape[0]
+        return out
+
+    def stats(self) -> dict:
+        if self._counts is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)   # the passes queued on any stream have counted
+            misses, bad = (int(v) for v in self._counts.tolist())
+            self.hits = self.lookups - misses
+            if bad:
+                raise IndexError(f"gather: {bad} gathered rows lay outside the table of {self.num_rows} rows "
+                                 f"(or past its cache); they were written as zeros")
+        s = self.store.stats()
+        s["cache_rows"] = self.cache_rows
+        s["cached_share"] = self.cache_rows / self.num_rows if self.num_rows else 0.0  # of the table's bytes
+        if self.cache is not None:
+            s["cache_hit_rate"] = self.hits / self.lookups if self.lookups else 0.0
+        return s
+
+    def __repr__(self) -> str:
+        return f"CachedFeatureStore({self.store!r}, cache_rows={self.cache_rows})"
