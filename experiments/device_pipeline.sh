@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -39,7 +39,8 @@
 # - products-cached-gather, papers-cached-gather: products-target's median-of-three run, and
 #   papers100M-like's unified papers-graphed run (bf16, two buffer sets, two sampling threads),
 #   each with the cached feature store's gather split, then in one pass (CACHED_GATHER_MODES,
-#   default "split fused"; CACHED_GATHER=split|fused sets it for any step).
+#   default "split fused"; CACHED_GATHER=split|fused sets it for any step); cached-gather-probe: the
+#   step-floor probe's parts on products-like with each form (CACHE_MB, default 384).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
 # - papers: papers100M-like generated (timed), then `bench train` unified with
 #   the CSR in host memory, with `--graph gpu`, and with `--graph gpu --sample-ahead
@@ -316,6 +317,13 @@ case "$what" in
     done ;;
   products-cached-gather)  # products-target's median-of-three run with the cached gather split, then fused
     for m in ${CACHED_GATHER_MODES:-split fused}; do CACHED_GATHER=$m FP8_RUNS=0 bash "$0" products-target; done ;;
+  cached-gather-probe)  # the probe's parts (sample, gather, step alone and together) on products-like, unified
+    # with a 384 MiB cache, float16 features, the eager step (train's default layers): the cache's gather split, then fused
+    timeout "${PROBE_LIMIT:-240}" python3 experiments/step_floor_probe.py --root "$DATA" --dataset products-like \
+      --graph gpu --store unified --cache-mb "${CACHE_MB:-384}" --feature-dtype fp16 \
+      --cached-gather split,fused --batches "${PROBE_BATCHES:-150}" --no-progress \
+      --out "$OUT/floor_probe_products-like_cached-gather.json" > "$OUT/floor_probe_cached_gather.log" 2>&1
+    echo "cached-gather probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -22 "$OUT/floor_probe_cached_gather.log" ;;
   papers-cached-gather)  # papers100M-like's unified run (papers-graphed's, bf16, two buffer sets, two sampling
     # threads) with the cached gather split, then fused
     for m in ${CACHED_GATHER_MODES:-split fused}; do

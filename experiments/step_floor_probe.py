@@ -22,7 +22,9 @@ synchronised at both ends, on the same batches and model:
 
 ``--store unified`` reads the rows from the unified (host-memory) table instead, with
 ``--cache-mb`` of hot rows in GPU memory, ``--gather-sms`` and ``--gather-cpu-threads`` as
-train's; ``--profile-sample PATH`` writes the sampler's top operators over 20 batches.
+train's, and ``--cached-gather split,fused`` times the cache's gather in each form (the
+experimental cached_gather; a store of its own for each); ``--profile-sample PATH`` writes the
+sampler's top operators over 20 batches.
 
 and reports milliseconds per batch, with together / (sample + gather + step) (1.0: the loader
 overlaps nothing; (max part) / (sum of parts): perfect overlap). Runs on the CPU too (a check
@@ -119,6 +121,11 @@ def parse(argv=None):
                    help="--store unified: SMs the gather kernel may use, 0 = all (default: %(default)s)")
     p.add_argument("--gather-cpu-threads", type=int, default=0,
                    help="--store unified: CPU threads of the hybrid gather, as train's (default: %(default)s)")
+    p.add_argument("--cached-gather", type=_choices("forms", ("split", "fused")), default=["split"],
+                   help="--store unified with --cache-mb: comma-separated forms of the cache's gather, each "
+                        "timed with each of the other settings: split (a lookup, a wait for the misses' count, "
+                        "a gather of each part) or fused (one pass, the experimental cached_gather=fused) "
+                        "(default: split)")
     p.add_argument("--feature-dtype", choices=FEATURE_DTYPES, default="stored",
                    help="the feature table's type, as train's --feature-dtype (fp8: float8 rows with a scale each, "
                         "upcast in the gather) (default: %(default)s)")
@@ -135,6 +142,8 @@ def parse(argv=None):
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
         if getattr(a, name) and a.store != "unified":
             p.error(f"--{name.replace('_', '-')} applies to --store unified only")
+    if a.cached_gather != ["split"] and not a.cache_mb:
+        p.error("--cached-gather compares the forms of a cache's gather: give --store unified and --cache-mb")
     if a.feature_dtype == "fp8" and a.gather_cpu_threads:
         p.error("--gather-cpu-threads does not apply to --feature-dtype fp8 (the hybrid gather reads plain rows)")
     return a
@@ -320,13 +329,17 @@ def main(argv=None):
     sampler = GPUNeighborSampler(graph, a.fanouts, seed=0, device=device, batches_per_call=a.sampler_batches)
     x, scale = feature_table(ds.x, a.feature_dtype, "unified" if a.store == "unified" else "cpu",
                              show=not a.no_progress)
-    if a.store == "unified":
+    degree = None
+    if a.store == "unified" and a.cache_mb:
         from torch_direct.gnn.graph import access_frequency
-        store = make_feature_store("unified", x, device, torch.float32, scale=scale, cache_bytes=a.cache_mb << 20,
-                                   degree=access_frequency(ds.graph, a.fanouts[-1]) if a.cache_mb else None,
-                                   max_sms=a.gather_sms or None, cpu_threads=a.gather_cpu_threads)
-    else:
-        store = make_feature_store("gpu_resident", x, device, torch.float32, scale=scale)
+        degree = access_frequency(ds.graph, a.fanouts[-1])
+
+    def make_store(form):   # the cache's form is read when the store is made
+        if a.store != "unified":
+            return make_feature_store("gpu_resident", x, device, torch.float32, scale=scale)
+        with torch_direct.experimental(cached_gather=form):
+            return make_feature_store("unified", x, device, torch.float32, scale=scale, cache_bytes=a.cache_mb << 20,
+                                      degree=degree, max_sms=a.gather_sms or None, cpu_threads=a.gather_cpu_threads)
     if a.profile_sample is not None:
         profile_sampler(sampler, batches[:25], device, a.profile_sample)
     labels = ds.y.to(device)
@@ -336,18 +349,23 @@ def main(argv=None):
               "batches": n_batches, "store": a.store, "runs": []}
     print(f"step_floor_probe: {a.dataset}, {n_batches} batches of {a.batch_size}, fanouts "
           f"{','.join(map(str, a.fanouts))}, {a.model} hidden {a.hidden}, CSR on {graph.device}, {device}", flush=True)
-    for relabel, waits, priority, step_priority, layers, aggregate, precision in itertools.product(
-            a.sampler_relabel, a.sampler_waits, a.loader_priority, a.step_priority, a.layers, a.aggregate,
-            a.precision):
+    store, form_made = None, None
+    for form, relabel, waits, priority, step_priority, layers, aggregate, precision in itertools.product(
+            a.cached_gather, a.sampler_relabel, a.sampler_waits, a.loader_priority, a.step_priority, a.layers,
+            a.aggregate, a.precision):
+        if form != form_made:
+            store = None      # the last form's cache goes first
+            store, form_made = make_store(form), form
         with torch_direct.experimental(sampler_waits=waits, sampler_relabel=relabel):   # read on each call
             run = measure(precision, layers, aggregate, priority, step_priority, ds, device, sampler, store, labels,
                           batches, seeds, a, show)
         run["sampler_waits"], run["sampler_relabel"], run["loader_priority"] = waits, relabel, priority
         run["step_priority"], run["sample_ahead"] = step_priority, a.sample_ahead
-        run["aggregate"] = aggregate
+        run["aggregate"], run["cached_gather"] = aggregate, form
         record["runs"].append(run)
         print(f" {run['layers']} layers ({aggregate} aggregation), {precision}, sampler waits {waits}, "
-              f"relabel {relabel}, loader priority {priority}, step priority {step_priority}:")
+              f"relabel {relabel}, loader priority {priority}, step priority {step_priority}"
+              f"{f', cached gather {form}' if a.cache_mb else ''}:")
         for k, v in run["ms_per_batch"].items():
             print(f"  {k:15s} {v:8.3f} ms/batch")
         print(f"  together / (sample + gather + step) = {run['together_over_sum']:.2f} (sample ahead: "

@@ -47,6 +47,23 @@ class TestStepFloorProbe(TestCase):
             self.assertIn("batches sampled in", (Path(d) / "sample.txt").read_text())
             self.assertEqual(rec["store"], "unified")
 
+    def test_each_form_of_the_cached_gather(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "p.json"
+            r = probe("--root", d, "--device", "cpu", "--batches", "2", "--cached", "2", "--batch-size", "128",
+                      "--hidden", "16", "--fanouts", "5,5", "--no-progress", "--layers", "builtin",
+                      "--store", "unified", "--cache-mb", "1", "--cached-gather", "split,fused", "--out", str(out))
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            runs = json.loads(out.read_text())["runs"]
+            self.assertEqual([run["cached_gather"] for run in runs], ["split", "fused"])
+            for run in runs:
+                self.assertGreater(run["store_stats"]["cache_rows"], 0)
+                self.assertGreater(run["store_stats"]["cache_hit_rate"], 0)
+            self.assertIn("cached gather fused:", r.stdout)
+            r = probe("--root", d, "--device", "cpu", "--cached-gather", "fused", "--no-progress")
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("give --store unified and --cache-mb", r.stderr)
+
     def test_bad_input(self):
         with tempfile.TemporaryDirectory() as d:
             for args, msg in ((["--dataset", "nope"], "unknown data set"),
