@@ -84,8 +84,8 @@
 #   index_select on a sorted index, 32 GB table).
 # - papers-graphed: papers100M-like, CSR on the GPU, the step replayed as a CUDA graph
 #   (--cuda-graph --layers builtin, AHEAD sampling threads, default 3): gpu_resident, then unified
-#   with a cache of CACHE_MB MiB (default 13500: under half of the 28.4 GB table) and 12 hybrid
-#   threads, the model in PRECISION (fp32, tf32 or bf16; default fp32), the table as FEATURE_DTYPE
+#   with a cache of CACHE_MB MiB (default 13500: under half of the 28.4 GB table) and GATHER_THREADS
+#   hybrid threads (default 12; 0: none; none either with CACHED_GATHER=fused), the model in PRECISION (fp32, tf32 or bf16; default fp32), the table as FEATURE_DTYPE
 #   (default stored; fp8: float8 rows and no CPU threads, which copy rows as stored; set CACHE_MB
 #   to 6990 for half of that table), GRAPH_BUFFERS sets of graphed buffers (1 or 2; default 1),
 #   the training stream at STEP_PRIORITY (normal or high; default normal);
@@ -165,7 +165,10 @@ papers_graphed() {  # papers-graphed (its options in the environment, as the hea
   local common fd tag threads p
   common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32} --step-priority ${STEP_PRIORITY:-normal}"
   fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG
-  threads="--gather-cpu-threads 12"; [ "$fd" = fp8 ] && threads=""
+  # the hybrid gather's CPU threads (GATHER_THREADS, default 12; none with float8 rows, scaled in
+  # the GPU kernel, nor with the one-pass cached gather, which reads every miss on the GPU)
+  threads="--gather-cpu-threads ${GATHER_THREADS:-12}"
+  { [ "$fd" = fp8 ] || [ "${GATHER_THREADS:-12}" = 0 ] || [ "${CACHED_GATHER:-}" = fused ]; } && threads=""
   for p in ${GRAPHED_PIPELINES:-gpu_resident unified}; do
     case "$p" in
       gpu_resident) bench "papers100M-like_graphed_gpu-resident_$tag" 150 $common --pipelines gpu_resident --feature-dtype "$fd" ;;
@@ -325,7 +328,8 @@ case "$what" in
       --out "$OUT/floor_probe_products-like_cached-gather.json" > "$OUT/floor_probe_cached_gather.log" 2>&1
     echo "cached-gather probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -22 "$OUT/floor_probe_cached_gather.log" ;;
   papers-cached-gather)  # papers100M-like's unified run (papers-graphed's, bf16, two buffer sets, two sampling
-    # threads) with the cached gather split, then fused
+    # threads) with the cached gather split (and 12 CPU threads taking a share of the misses), then fused
+    # (every miss read by the GPU)
     for m in ${CACHED_GATHER_MODES:-split fused}; do
       CACHED_GATHER=$m GRAPHED_PIPELINES=unified PRECISION=${PRECISION:-bf16} GRAPH_BUFFERS=${GRAPH_BUFFERS:-2} \
         AHEAD=${AHEAD:-2} bash "$0" papers-graphed
