@@ -368,13 +368,17 @@ class TestFeatureStores(TestCase):
             split = make_feature_store("unified", x, "cuda", dtype, **kw)
             want = split.gather(idx, stream=s)
             s.synchronize()
-            for large, sms in ((False, None), (True, None), (False, 1)):
+            # (index sorted first as on a large table, SM cap, read kernel: None = the choice by
+            # table size, the grid-stride loop here; rowblock = one block per row, a large table's)
+            for large, sms, kernel in ((False, None, None), (True, None, "rowblock"), (False, 1, None),
+                                       (False, None, "rowblock")):
                 with torch_direct.experimental(cached_gather="fused"), \
                         mock.patch.object(cache, "LARGE_TABLE_BYTES", 0 if large else 8 << 30):
                     fused = make_feature_store("unified", x, "cuda", dtype, max_sms=sms, **kw)
-                msg = str((x.dtype, dtype, large, sms))
+                msg = str((x.dtype, dtype, large, sms, kernel))
                 self.assertEqual(fused._fused[2], large, msg=msg)
-                got = fused.gather(idx, stream=s)
+                with torch_direct.experimental(gather_kernel=kernel):   # read by each pass
+                    got = fused.gather(idx, stream=s)
                 s.synchronize()
                 self.assertEqual(got, want, atol=0, rtol=0, msg=msg)
                 self.assertEqual(fused.stats()["cache_hit_rate"], split.stats()["cache_hit_rate"], msg=msg)
@@ -387,11 +391,13 @@ class TestFeatureStores(TestCase):
         # next waited for.
         with torch_direct.experimental(cached_gather="fused"):
             fused = make_feature_store("unified", self.x, "cuda", cache_bytes=100 * 12 * 4, degree=degree)
-        got = fused.gather(torch.tensor([3, 500, -1, 450]).cuda()).cpu()
-        self.assertEqual(got[0], self.x[3])
-        self.assertEqual(got[3], self.x[450])
-        self.assertEqual(got[1:3], torch.zeros(2, 12))
-        with self.assertRaisesRegex(IndexError, "2 gathered rows lay outside the table"):
+        for kernel in (None, "rowblock"):
+            with torch_direct.experimental(gather_kernel=kernel):
+                got = fused.gather(torch.tensor([3, 500, -1, 450]).cuda()).cpu()
+            self.assertEqual(got[0], self.x[3])
+            self.assertEqual(got[3], self.x[450])
+            self.assertEqual(got[1:3], torch.zeros(2, 12))
+        with self.assertRaisesRegex(IndexError, "4 gathered rows lay outside the table"):
             fused.stats()
         # The hybrid gather's CPU threads read the table themselves: that store stays split.
         with torch_direct.experimental(cached_gather="fused"):

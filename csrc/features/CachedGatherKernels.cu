@@ -5,12 +5,15 @@
 //
 // Work items are (entry, chunk of V elements) pairs, a grid-stride loop with kUnroll items in
 // flight per thread (reads of host memory take microseconds: keep many pending), as the
-// device's own gather kernel does. A row's chunks go to adjacent lanes, so a row is read in
+// device's own gather kernel does on tables below 8 GiB; larger tables in host memory take one
+// block per entry, as the device's gather does there. A row's chunks go to adjacent lanes, so a row is read in
 // one go; with pos (the index sorted, pos[j] the output row of entry j) the misses are read
 // in address order, which large tables in host memory need.
 
 #include "CachedGather.h"
 #include "Dispatch.h"
+
+#include "csrc/aten/Experimental.h"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -18,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 namespace torch_direct::features {
@@ -125,6 +129,71 @@ cached_gather_kernel(const in_t* __restrict__ table, int64_t stride, int64_t row
   }
 }
 
+// One entry (row) per block, the block's threads over its chunks: the geometry the device's own
+// gather uses on tables of 8 GiB and more in host memory, where the hardware scheduler's window
+// of resident blocks, started in entry order, keeps the reads of a sorted index close together
+// in the table, which address translation needs (docs/gather.md); a grid-stride loop over the
+// whole batch spreads them out. Only misses and bad rows are counted (atomics, one per entry
+// at most).
+template <typename in_t, typename out_t, int V, typename index_t>
+__global__ void cached_gather_row_per_block_kernel(
+    const in_t* __restrict__ table, int64_t stride, int64_t rows, const in_t* __restrict__ cache,
+    int64_t cache_rows, const int32_t* __restrict__ slot, const index_t* __restrict__ index,
+    const int64_t* __restrict__ pos, int64_t n, int64_t chunks, out_t* __restrict__ out,
+    const float* __restrict__ scale, const float* __restrict__ cache_scale,
+    unsigned long long* __restrict__ counters) {
+  using InV = Vec<in_t, V>;
+  using OutV = Vec<out_t, V>;
+  const int64_t j = blockIdx.x;
+  const int64_t width = chunks * V;
+  const int64_t p = pos == nullptr ? j : pos[j];
+  if (p < 0 || p >= n) {
+    if (threadIdx.x == 0) atomicAdd(counters + 1, 1ull);
+    return;
+  }
+  const int64_t r = static_cast<int64_t>(index[j]);
+  const in_t* src = nullptr;
+  float f = 1.0f;
+  if (r >= 0 && r < rows) {
+    const int64_t s = slot[r];
+    if (s < 0) {
+      src = table + r * stride;
+      if (scale != nullptr) f = scale[r];
+      if (threadIdx.x == 0) atomicAdd(counters, 1ull);
+    } else if (s < cache_rows) {
+      src = cache + s * width;
+      if (cache_scale != nullptr) f = cache_scale[s];
+    }
+  }
+  OutV* dst = reinterpret_cast<OutV*>(out + p * width);
+  if (src == nullptr) {
+    if (threadIdx.x == 0) atomicAdd(counters + 1, 1ull);
+    OutV z;
+#pragma unroll
+    for (int k = 0; k < V; ++k) z.v[k] = static_cast<out_t>(0.0f);
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = z;
+    return;
+  }
+  const InV* row = reinterpret_cast<const InV*>(src);
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    dst[c] = convert<in_t, out_t, V>(row[c], f);
+  }
+}
+
+// The device gather's choice of read kernel, for the same reasons (GatherCuda.cu): one block per
+// row on tables of 8 GiB and more in host memory unless capped to fewer SMs (a grid of one block
+// per row cannot be capped); the experimental gather_kernel=rowblock|grid forces either.
+constexpr int64_t kLargeTableBytes = int64_t(8) << 30;
+
+bool use_row_per_block(int64_t table_bytes, int64_t max_sms) {
+  if (const auto k = torch_direct::experimental::get("gather_kernel")) {
+    TORCH_CHECK(*k == "rowblock" || *k == "grid", torch_direct::experimental::kVariable,
+                ": gather_kernel must be rowblock or grid, not '", *k, "'");
+    return *k == "rowblock";
+  }
+  return table_bytes >= kLargeTableBytes && max_sms <= 0;
+}
+
 bool aligned(const void* p, int64_t a) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(a) == 0;
 }
@@ -136,6 +205,20 @@ void launch(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& 
   const int64_t n = index.size(0);
   const int64_t chunks = table.size(1) / V;
   const int64_t total = n * chunks;
+  auto stream = c10::cuda::getCurrentCUDAStream(out.device().index());
+  const int64_t table_bytes = table.size(0) * table.stride(0) * table.element_size();
+  if (use_row_per_block(table_bytes, max_sms) && n <= std::numeric_limits<int32_t>::max()) {
+    const int64_t threads = std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32);
+    cached_gather_row_per_block_kernel<in_t, out_t, V, index_t><<<n, threads, 0, stream>>>(
+        table.const_data_ptr<in_t>(), table.stride(0), table.size(0), cache.const_data_ptr<in_t>(), cache.size(0),
+        slot.const_data_ptr<int32_t>(), index.const_data_ptr<index_t>(),
+        pos.defined() ? pos.const_data_ptr<int64_t>() : nullptr, n, chunks, out.data_ptr<out_t>(),
+        scale.defined() ? scale.const_data_ptr<float>() : nullptr,
+        cache_scale.defined() ? cache_scale.const_data_ptr<float>() : nullptr,
+        reinterpret_cast<unsigned long long*>(counters.data_ptr<int64_t>()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, out.device().index()));
   const int use = max_sms > 0 && max_sms < sms ? static_cast<int>(max_sms) : sms;
@@ -143,7 +226,6 @@ void launch(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& 
   // 2048 resident threads an SM on sm_80/sm_90: 8 blocks of 256
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((total + per_block - 1) / per_block,
                                                                static_cast<int64_t>(use) * 8));
-  auto stream = c10::cuda::getCurrentCUDAStream(out.device().index());
   cached_gather_kernel<in_t, out_t, V, index_t><<<grid, kThreads, 0, stream>>>(
       table.const_data_ptr<in_t>(), table.stride(0), table.size(0), cache.const_data_ptr<in_t>(), cache.size(0),
       slot.const_data_ptr<int32_t>(), index.const_data_ptr<index_t>(),
