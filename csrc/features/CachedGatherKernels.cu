@@ -49,25 +49,76 @@ __device__ __forceinline__ Vec<out_t, V> convert(const Vec<in_t, V>& x, float s)
   return y;
 }
 
+template <typename out_t, int V>
+__device__ __forceinline__ Vec<out_t, V> zeros() {
+  Vec<out_t, V> z;
+#pragma unroll
+  for (int k = 0; k < V; ++k) z.v[k] = static_cast<out_t>(0.0f);
+  return z;
+}
+
+// What one pass reads and writes (CachedGather.h); widths and strides in elements.
+template <typename in_t, typename out_t, typename index_t>
+struct Args {
+  const in_t* table;
+  int64_t stride, rows;
+  const in_t* cache;
+  int64_t cache_rows;
+  const int32_t* slot;
+  const index_t* index;
+  const int64_t* pos;   // null: entry j writes output row j
+  int64_t n, chunks;    // entries; chunks of V elements a row
+  out_t* out;
+  const float* scale;        // null: an unscaled table
+  const float* cache_scale;
+  unsigned long long* counters;   // misses, bad rows
+};
+
+// Where entry j's row comes from. Returns 0 with out_row = -1 when its output position lies
+// outside out (nothing written), 1 with src and its scale for a row to read (miss: whether it
+// is the table's), 2 for a row outside the table or a slot past the cache (zeros written).
+template <typename in_t, typename out_t, typename index_t>
+__device__ __forceinline__ int source(const Args<in_t, out_t, index_t>& a, int64_t j, int64_t width,
+                                      int64_t& out_row, const in_t*& src, float& f, bool& miss) {
+  out_row = a.pos == nullptr ? j : a.pos[j];
+  if (out_row < 0 || out_row >= a.n) {
+    return 0;
+  }
+  const int64_t r = static_cast<int64_t>(a.index[j]);
+  f = 1.0f;
+  miss = false;
+  if (r < 0 || r >= a.rows) {
+    return 2;
+  }
+  const int64_t s = a.slot[r];
+  if (s < 0) {
+    src = a.table + r * a.stride;
+    if (a.scale != nullptr) f = a.scale[r];
+    miss = true;
+    return 1;
+  }
+  if (s >= a.cache_rows) {
+    return 2;
+  }
+  src = a.cache + s * width;
+  if (a.cache_scale != nullptr) f = a.cache_scale[s];
+  return 1;
+}
+
 template <typename in_t, typename out_t, int V, typename index_t>
-__global__ void __launch_bounds__(kThreads)
-cached_gather_kernel(const in_t* __restrict__ table, int64_t stride, int64_t rows,
-                     const in_t* __restrict__ cache, int64_t cache_rows, const int32_t* __restrict__ slot,
-                     const index_t* __restrict__ index, const int64_t* __restrict__ pos, int64_t n,
-                     int64_t chunks, out_t* __restrict__ out, const float* __restrict__ scale,
-                     const float* __restrict__ cache_scale, unsigned long long* __restrict__ counters) {
+__global__ void __launch_bounds__(kThreads) cached_gather_kernel(const Args<in_t, out_t, index_t> a) {
   using InV = Vec<in_t, V>;
   using OutV = Vec<out_t, V>;
-  const int64_t width = chunks * V;
-  const int64_t total = n * chunks;
+  const int64_t width = a.chunks * V;
+  const int64_t total = a.n * a.chunks;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads * kUnroll;
   unsigned long long misses = 0, bad = 0;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < total;
        base += step) {
     InV val[kUnroll];
     float f[kUnroll];
-    int64_t dst[kUnroll];   // the output row's first element, -1: none written
-    int state[kUnroll];     // 0: nothing, 1: a row read, 2: zeros (a bad row)
+    int64_t dst[kUnroll];   // the chunk's first output element
+    int state[kUnroll];     // as source() says; 0 also past the batch's end
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t item = base + static_cast<int64_t>(u) * kThreads;
@@ -75,45 +126,27 @@ cached_gather_kernel(const in_t* __restrict__ table, int64_t stride, int64_t row
       if (item >= total) {
         continue;
       }
-      const int64_t j = item / chunks;
-      const int64_t c = item - j * chunks;
-      const int64_t p = pos == nullptr ? j : pos[j];
-      if (p < 0 || p >= n) {
-        bad += c == 0;
-        continue;
-      }
-      dst[u] = p * width + c * V;
-      const int64_t r = static_cast<int64_t>(index[j]);
+      const int64_t j = item / a.chunks;
+      const int64_t c = item - j * a.chunks;
+      int64_t row;
       const in_t* src = nullptr;
-      f[u] = 1.0f;
-      if (r >= 0 && r < rows) {
-        const int64_t s = slot[r];
-        if (s < 0) {
-          src = table + r * stride;
-          if (scale != nullptr) f[u] = scale[r];
-          misses += c == 0;
-        } else if (s < cache_rows) {
-          src = cache + s * width;
-          if (cache_scale != nullptr) f[u] = cache_scale[s];
-        }
-      }
-      if (src == nullptr) {
-        bad += c == 0;
-        state[u] = 2;
+      bool miss = false;
+      state[u] = source(a, j, width, row, src, f[u], miss);
+      misses += c == 0 && miss;
+      bad += c == 0 && state[u] != 1;
+      if (state[u] == 0) {
         continue;
       }
-      val[u] = reinterpret_cast<const InV*>(src)[c];
-      state[u] = 1;
+      dst[u] = row * width + c * V;
+      if (state[u] == 1) {
+        val[u] = reinterpret_cast<const InV*>(src)[c];
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (state[u] == 1) {
-        *reinterpret_cast<OutV*>(out + dst[u]) = convert<in_t, out_t, V>(val[u], f[u]);
-      } else if (state[u] == 2) {
-        OutV z;
-#pragma unroll
-        for (int k = 0; k < V; ++k) z.v[k] = static_cast<out_t>(0.0f);
-        *reinterpret_cast<OutV*>(out + dst[u]) = z;
+      if (state[u] != 0) {
+        *reinterpret_cast<OutV*>(a.out + dst[u]) =
+            state[u] == 1 ? convert<in_t, out_t, V>(val[u], f[u]) : zeros<out_t, V>();
       }
     }
   }
@@ -124,8 +157,8 @@ cached_gather_kernel(const in_t* __restrict__ table, int64_t stride, int64_t row
     bad += __shfl_down_sync(0xffffffffu, bad, off);
   }
   if ((threadIdx.x & 31) == 0) {
-    if (misses) atomicAdd(counters, misses);
-    if (bad) atomicAdd(counters + 1, bad);
+    if (misses) atomicAdd(a.counters, misses);
+    if (bad) atomicAdd(a.counters + 1, bad);
   }
 }
 
@@ -133,50 +166,26 @@ cached_gather_kernel(const in_t* __restrict__ table, int64_t stride, int64_t row
 // gather uses on tables of 8 GiB and more in host memory, where the hardware scheduler's window
 // of resident blocks, started in entry order, keeps the reads of a sorted index close together
 // in the table, which address translation needs (docs/gather.md); a grid-stride loop over the
-// whole batch spreads them out. Only misses and bad rows are counted (atomics, one per entry
-// at most).
+// whole batch spreads them out. Only misses and bad rows are counted (one atomic an entry at most).
 template <typename in_t, typename out_t, int V, typename index_t>
-__global__ void cached_gather_row_per_block_kernel(
-    const in_t* __restrict__ table, int64_t stride, int64_t rows, const in_t* __restrict__ cache,
-    int64_t cache_rows, const int32_t* __restrict__ slot, const index_t* __restrict__ index,
-    const int64_t* __restrict__ pos, int64_t n, int64_t chunks, out_t* __restrict__ out,
-    const float* __restrict__ scale, const float* __restrict__ cache_scale,
-    unsigned long long* __restrict__ counters) {
+__global__ void cached_gather_row_per_block_kernel(const Args<in_t, out_t, index_t> a) {
   using InV = Vec<in_t, V>;
   using OutV = Vec<out_t, V>;
-  const int64_t j = blockIdx.x;
-  const int64_t width = chunks * V;
-  const int64_t p = pos == nullptr ? j : pos[j];
-  if (p < 0 || p >= n) {
-    if (threadIdx.x == 0) atomicAdd(counters + 1, 1ull);
-    return;
-  }
-  const int64_t r = static_cast<int64_t>(index[j]);
+  const int64_t width = a.chunks * V;
+  int64_t row;
   const in_t* src = nullptr;
-  float f = 1.0f;
-  if (r >= 0 && r < rows) {
-    const int64_t s = slot[r];
-    if (s < 0) {
-      src = table + r * stride;
-      if (scale != nullptr) f = scale[r];
-      if (threadIdx.x == 0) atomicAdd(counters, 1ull);
-    } else if (s < cache_rows) {
-      src = cache + s * width;
-      if (cache_scale != nullptr) f = cache_scale[s];
-    }
+  float f;
+  bool miss = false;
+  const int state = source(a, static_cast<int64_t>(blockIdx.x), width, row, src, f, miss);
+  if (threadIdx.x == 0 && (miss || state != 1)) {
+    atomicAdd(a.counters + (miss ? 0 : 1), 1ull);
   }
-  OutV* dst = reinterpret_cast<OutV*>(out + p * width);
-  if (src == nullptr) {
-    if (threadIdx.x == 0) atomicAdd(counters + 1, 1ull);
-    OutV z;
-#pragma unroll
-    for (int k = 0; k < V; ++k) z.v[k] = static_cast<out_t>(0.0f);
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = z;
+  if (state == 0) {
     return;
   }
-  const InV* row = reinterpret_cast<const InV*>(src);
-  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-    dst[c] = convert<in_t, out_t, V>(row[c], f);
+  OutV* dst = reinterpret_cast<OutV*>(a.out + row * width);
+  for (int64_t c = threadIdx.x; c < a.chunks; c += blockDim.x) {
+    dst[c] = state == 1 ? convert<in_t, out_t, V>(reinterpret_cast<const InV*>(src)[c], f) : zeros<out_t, V>();
   }
 }
 
@@ -202,37 +211,28 @@ template <typename in_t, typename out_t, int V, typename index_t>
 void launch(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& slot, const at::Tensor& index,
             const at::Tensor& pos, at::Tensor& out, const at::Tensor& scale, const at::Tensor& cache_scale,
             at::Tensor& counters, int64_t max_sms) {
-  const int64_t n = index.size(0);
-  const int64_t chunks = table.size(1) / V;
-  const int64_t total = n * chunks;
-  auto stream = c10::cuda::getCurrentCUDAStream(out.device().index());
-  const int64_t table_bytes = table.size(0) * table.stride(0) * table.element_size();
-  if (use_row_per_block(table_bytes, max_sms) && n <= std::numeric_limits<int32_t>::max()) {
-    const int64_t threads = std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32);
-    cached_gather_row_per_block_kernel<in_t, out_t, V, index_t><<<n, threads, 0, stream>>>(
-        table.const_data_ptr<in_t>(), table.stride(0), table.size(0), cache.const_data_ptr<in_t>(), cache.size(0),
-        slot.const_data_ptr<int32_t>(), index.const_data_ptr<index_t>(),
-        pos.defined() ? pos.const_data_ptr<int64_t>() : nullptr, n, chunks, out.data_ptr<out_t>(),
-        scale.defined() ? scale.const_data_ptr<float>() : nullptr,
-        cache_scale.defined() ? cache_scale.const_data_ptr<float>() : nullptr,
-        reinterpret_cast<unsigned long long*>(counters.data_ptr<int64_t>()));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return;
-  }
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, out.device().index()));
-  const int use = max_sms > 0 && max_sms < sms ? static_cast<int>(max_sms) : sms;
-  const int64_t per_block = kThreads * kUnroll;
-  // 2048 resident threads an SM on sm_80/sm_90: 8 blocks of 256
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((total + per_block - 1) / per_block,
-                                                               static_cast<int64_t>(use) * 8));
-  cached_gather_kernel<in_t, out_t, V, index_t><<<grid, kThreads, 0, stream>>>(
+  const Args<in_t, out_t, index_t> a{
       table.const_data_ptr<in_t>(), table.stride(0), table.size(0), cache.const_data_ptr<in_t>(), cache.size(0),
       slot.const_data_ptr<int32_t>(), index.const_data_ptr<index_t>(),
-      pos.defined() ? pos.const_data_ptr<int64_t>() : nullptr, n, chunks, out.data_ptr<out_t>(),
-      scale.defined() ? scale.const_data_ptr<float>() : nullptr,
+      pos.defined() ? pos.const_data_ptr<int64_t>() : nullptr, index.size(0), table.size(1) / V,
+      out.data_ptr<out_t>(), scale.defined() ? scale.const_data_ptr<float>() : nullptr,
       cache_scale.defined() ? cache_scale.const_data_ptr<float>() : nullptr,
-      reinterpret_cast<unsigned long long*>(counters.data_ptr<int64_t>()));
+      reinterpret_cast<unsigned long long*>(counters.data_ptr<int64_t>())};
+  auto stream = c10::cuda::getCurrentCUDAStream(out.device().index());
+  const int64_t table_bytes = table.size(0) * table.stride(0) * table.element_size();
+  if (use_row_per_block(table_bytes, max_sms) && a.n <= std::numeric_limits<int32_t>::max()) {
+    const int64_t threads = std::min<int64_t>(kThreads, (a.chunks + 31) / 32 * 32);
+    cached_gather_row_per_block_kernel<in_t, out_t, V, index_t><<<a.n, threads, 0, stream>>>(a);
+  } else {
+    int sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, out.device().index()));
+    const int use = max_sms > 0 && max_sms < sms ? static_cast<int>(max_sms) : sms;
+    const int64_t per_block = kThreads * kUnroll;
+    // 2048 resident threads an SM on sm_80/sm_90: 8 blocks of 256
+    const int64_t grid = std::max<int64_t>(
+        1, std::min<int64_t>((a.n * a.chunks + per_block - 1) / per_block, static_cast<int64_t>(use) * 8));
+    cached_gather_kernel<in_t, out_t, V, index_t><<<grid, kThreads, 0, stream>>>(a);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
