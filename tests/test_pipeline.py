@@ -373,7 +373,7 @@ class TestFeatureStores(TestCase):
             for large, sms, kernel in ((False, None, None), (True, None, "rowblock"), (False, 1, None),
                                        (False, None, "rowblock")):
                 with torch_direct.experimental(cached_gather="fused"), \
-                        mock.patch.object(cache, "LARGE_TABLE_BYTES", 0 if large else 8 << 30):
+                        mock.patch.object(cache, "LARGE_TABLE_BYTES", 0 if large else cache.LARGE_TABLE_BYTES):
                     fused = make_feature_store("unified", x, "cuda", dtype, max_sms=sms, **kw)
                 msg = str((x.dtype, dtype, large, sms, kernel))
                 self.assertEqual(fused._fused[2], large, msg=msg)

@@ -190,9 +190,8 @@ __global__ void cached_gather_row_per_block_kernel(const Args<in_t, out_t, index
 }
 
 // The device gather's choice of read kernel, for the same reasons (GatherCuda.cu): one block per
-// row on tables of 8 GiB and more in host memory unless capped to fewer SMs (a grid of one block
-// per row cannot be capped); the experimental gather_kernel=rowblock|grid forces either.
-constexpr int64_t kLargeTableBytes = int64_t(8) << 30;
+// row on tables of kLargeTableBytes and more in host memory unless capped to fewer SMs (a grid of
+// one block per row cannot be capped); the experimental gather_kernel=rowblock|grid forces either.
 
 bool use_row_per_block(int64_t table_bytes, int64_t max_sms) {
   if (const auto k = torch_direct::experimental::get("gather_kernel")) {

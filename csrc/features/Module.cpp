@@ -18,6 +18,7 @@ PYBIND11_MODULE(_features, m) {
           return out;
         },
         no_gil());
+  m.attr("large_table_bytes") = torch_direct::features::kLargeTableBytes;
 #ifdef TORCH_DIRECT_WITH_CUDA
   m.attr("has_cuda") = true;
 #else

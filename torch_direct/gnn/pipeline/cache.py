@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 import torch_direct
+from . import _features
 from .features import FeatureStore, UnifiedFeatureStore, dequantize, take_rows
 
 
@@ -18,10 +19,10 @@ def cached_gather_mode() -> str:
     return mode
 
 
-# A table of this many bytes or more in host memory is read in address order by the fused cached
-# gather (its index sorted first), as the device's own gather does: the GPU translates the
-# addresses of reads in order far faster on such tables (docs/gather.md).
-LARGE_TABLE_BYTES = 8 << 30
+# A table of this many bytes or more in host memory is read by the fused pass in address order,
+# its index sorted first, as the device's own gather reads it (the pass's one-block-a-row kernel
+# takes over at the same size: one constant, from the module).
+LARGE_TABLE_BYTES = _features.large_table_bytes
 
 
 def check_cache_args(cache_bytes, degree, num_rows, who: str):
@@ -132,7 +133,6 @@ class CachedFeatureStore(FeatureStore):
         return out
 
     def _read_fused(self, idx, device):
-        from . import _features
         table, scale, sort = self._fused
         idx = idx.to(device, non_blocking=True)
         if device.type == "cpu" and idx.numel():
