@@ -32,9 +32,9 @@ SETTINGS = {
     "feature_pages": "small | huge: huge = the GNN stack's unified feature store copies its table into anonymous "
                      "memory advised MADV_HUGEPAGE (transparent huge pages) and pins it in place, instead of "
                      "unified memory on small pages (not shareable between processes)",
-    "cached_gather": "split | fused: fused = the GNN stack's cached feature store reads hits from its GPU cache and "
-                     "misses from the table in one kernel, without waiting for the device (default: split: a "
-                     "lookup, a wait for the misses' count, a gather of each part and a scatter)",
+    "cached_gather": "fused | split: split = the GNN stack's cached feature store gathers a batch as a lookup, "
+                     "a wait for the misses' count, a gather of each part and a scatter (default: fused: hits "
+                     "from its GPU cache and misses from the table in one kernel, without waiting for the device)",
 }
 
 

@@ -1,6 +1,7 @@
 """A cache of a feature store's hottest rows in its device's memory (:class:`CachedFeatureStore`),
-and its gather: split (a lookup, a wait for the misses' count, a gather of each part) or, with
-``TORCH_DIRECT_EXPERIMENTAL=cached_gather=fused``, one pass (``_features.cached_gather``)."""
+and its gather: one pass (``_features.cached_gather``, the default) or, with
+``TORCH_DIRECT_EXPERIMENTAL=cached_gather=split``, split (a lookup, a wait for the misses' count,
+a gather of each part)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from .features import FeatureStore, UnifiedFeatureStore, dequantize, take_rows
 
 
 def cached_gather_mode() -> str:
-    """The experimental setting cached_gather: "split" (unset: the default) or "fused"."""
-    mode = torch_direct.experimental_setting("cached_gather") or "split"
+    """The experimental setting cached_gather: "fused" (unset: the default) or "split"."""
+    mode = torch_direct.experimental_setting("cached_gather") or "fused"
     if mode not in ("split", "fused"):
         raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: cached_gather must be split or fused, not {mode!r}")
     return mode
@@ -50,7 +51,7 @@ class CachedFeatureStore(FeatureStore):
     missed. A gather onto another device goes to the store. On a CPU device the cache is a
     copy in ordinary memory (it changes nothing there, which is what the CPU tests use).
 
-    With the experimental setting ``cached_gather=fused`` (:func:`cached_gather_mode`), a gather
+    By default (:func:`cached_gather_mode`; ``cached_gather=split`` turns it off), a gather
     whose table the device can read in place (a unified store on a GPU without CPU threads, or
     any store on the CPU) is one pass instead (``_features.cached_gather``): each row from the
     cache or the table, cast and scaled as it is written, the misses counted on the device, with
