@@ -22,6 +22,7 @@
 #include "Experimental.h"
 #include "HybridSplit.h"
 #include "Placement.h"
+#include "RowGather.cuh"
 #include "UnifiedKernels.h"
 
 #include "c10_allocator/Text.h"
@@ -60,17 +61,11 @@ namespace td_cub = ::cub;
 namespace at::native::unified {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kUnroll = 4;  // items in flight per thread: PCIe reads are slow, keep many pending
+using namespace torch_direct::rows;  // RowGather.cuh
 
 template <int N>
 struct alignas(N) Bytes {
   unsigned char b[N];
-};
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T v[V];
 };
 
 template <typename key_t>
@@ -142,21 +137,6 @@ __global__ void make_pairs_kernel(const index_t* __restrict__ idx, int64_t n, in
 // is null). With `dedupe`, an entry whose key equals the previous one is
 // skipped, and the first of a run of equal keys writes every position of the
 // run.
-
-// A chunk of a row as out_t, times the row's scale `s` (1 for an unscaled table: exact).
-template <typename in_t, typename out_t, int V>
-__device__ __forceinline__ Vec<out_t, V> convert(const Vec<in_t, V>& x, float s) {
-  if constexpr (std::is_same_v<in_t, out_t>) {
-    return x;
-  } else {
-    Vec<out_t, V> y;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      y.v[k] = static_cast<out_t>(static_cast<float>(x.v[k]) * s);
-    }
-    return y;
-  }
-}
 
 // The scale of row r (null `scale`: an unscaled table).
 __device__ __forceinline__ float row_scale(const float* __restrict__ scale, int64_t r) {
@@ -242,7 +222,7 @@ gather_kernel(const char* __restrict__ table, int64_t row_stride_bytes, int64_t 
 // scheduler then keeps at most its resident blocks' rows in flight (32 blocks an SM on
 // sm_90), started in entry order as earlier ones finish: on a sorted index a window that
 // slides through the table in address order, without the lockstep of a grid-stride loop.
-// For copies and fused casts alike; chosen by use_row_per_block below.
+// For copies and fused casts alike; chosen by use_row_per_block (RowGather.cuh).
 template <typename in_t, typename out_t, int V, typename key_t>
 __global__ void gather_row_per_block_kernel(const char* __restrict__ table, int64_t row_stride_bytes,
                                             int64_t rows, const key_t* __restrict__ keys,
@@ -262,21 +242,6 @@ __global__ void gather_row_per_block_kernel(const char* __restrict__ table, int6
   }
 }
 
-int sm_count(c10::DeviceIndex device) {
-  // (ATen/cuda/CUDAContext.h would pull in cuBLAS/cuSPARSE headers: ask the runtime.)
-  int count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
-int64_t grid_for(int64_t items, int64_t per_block, int max_sms, c10::DeviceIndex device) {
-  const int sms = sm_count(device);
-  const int use = max_sms > 0 && max_sms < sms ? max_sms : sms;
-  const int64_t want = (items + per_block - 1) / per_block;
-  // 2048 resident threads per SM on sm_80/sm_90: 8 blocks of 256.
-  return std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(use) * 8));
-}
-
 // Distinct table rows the whole grid has in flight at once (0: no cap). On a
 // large table each row read is a translation of its own page, and reads spread
 // over too many pages at a time thrash the GPU's address translation: on the
@@ -286,35 +251,11 @@ int64_t grid_for(int64_t items, int64_t per_block, int max_sms, c10::DeviceIndex
 // not bytes: a byte cap starves wide rows (1 KiB rows with 256 KiB in flight
 // reached 27 GB/s where stock index_select reached 47). The experimental
 // gather_window_rows overrides the choice.
-constexpr int64_t kLargeTableBytes = int64_t(8) << 30;
 constexpr int64_t kLargeTableWindowRows = 2048;
 
 int64_t window_rows(int64_t table_bytes) {
   return torch_direct::experimental::get_int("gather_window_rows",
                                               table_bytes >= kLargeTableBytes ? kLargeTableWindowRows : 0, 0);
-}
-
-// Which read kernel gathers rows of a table of table_bytes. One block per row matched or beat
-// stock index_select's read of the sorted index on a large table where the windowed grid-stride
-// kernel did not (H200, 32 GB, 400K random indices, ours / naive_uva_sorted at 128 / 256 / 512 /
-// 1024 B: 1.00 / 1.01 / 1.05 / 1.06 against 0.95 / 0.92 / 0.86 / 1.05;
-// results/gather_32gb_kernel-*.json), so it is the default on tables of kLargeTableBytes and
-// more in host memory; the grid-stride kernel keeps smaller tables (where it reaches 0.9x
-// memcpy), tables in GPU memory (launch_rows passes them as 0 bytes) and any gather capped to
-// max_sms SMs (one block per row cannot be capped).
-// The experimental gather_kernel=rowblock or =grid forces one kernel on any table.
-bool use_row_per_block(int64_t table_bytes) {
-  if (const auto k = torch_direct::experimental::get("gather_kernel")) {
-    if (*k == "rowblock") {
-      return true;
-    }
-    if (*k == "grid") {
-      return false;
-    }
-    TORCH_CHECK(false, torch_direct::experimental::kVariable, ": gather_kernel must be rowblock or grid, not '",
-                *k, "'");
-  }
-  return table_bytes >= kLargeTableBytes;
 }
 
 // Blocks for `items` work items of which `chunks` make one row.
@@ -327,10 +268,6 @@ int64_t gather_grid(int64_t items, int64_t chunks, int max_sms, c10::DeviceIndex
     grid = std::min(grid, std::max<int64_t>(1, (window * chunks + per_block - 1) / per_block));
   }
   return grid;
-}
-
-bool aligned(const void* p, int64_t a) {
-  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(a) == 0;
 }
 
 // The widest of 16/8/4/2/1 bytes dividing the row, the row stride and both
@@ -356,7 +293,7 @@ void launch_rows(const char* table, int64_t stride_bytes, int64_t rows, const ke
                  bool dedupe, int max_sms, c10::DeviceIndex device, cudaStream_t stream, bool host,
                  const float* scale = nullptr) {
   const int64_t table_bytes = host ? rows * stride_bytes : 0;
-  if (use_row_per_block(table_bytes) && max_sms <= 0 && n <= std::numeric_limits<int32_t>::max()) {
+  if (use_row_per_block(table_bytes, max_sms) && n <= std::numeric_limits<int32_t>::max()) {
     const int64_t threads = std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32);
     gather_row_per_block_kernel<in_t, out_t, V, key_t><<<n, threads, 0, stream>>>(
         table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe, scale);
@@ -416,16 +353,6 @@ void launch_cast(const char* table, int64_t stride_bytes, int64_t rows, const ke
   }
 }
 
-// The output types of a fused cast.
-bool castable(c10::ScalarType t) {
-  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
-}
-
-// The table types of a fused cast: those, and float8 e4m3 (upcast, optionally scaled per row).
-bool castable_from(c10::ScalarType t) {
-  return castable(t) || t == at::kFloat8_e4m3fn;
-}
-
 template <typename key_t>
 void launch(const at::Tensor& table, const char* base, int64_t rows, const key_t* keys,
             const int32_t* pos, int64_t n, at::Tensor& out, bool dedupe, int max_sms,
@@ -442,34 +369,17 @@ void launch(const at::Tensor& table, const char* base, int64_t rows, const key_t
                        keys, pos, n, row_bytes, dst, dedupe, max_sms, device, stream, host);
     return;
   }
-  TORCH_INTERNAL_ASSERT(castable_from(table.scalar_type()) && castable(out.scalar_type()));
-  auto in_type = table.scalar_type();
-  auto out_type = out.scalar_type();
-#define TD_CAST(IN_ENUM, IN_T, OUT_ENUM, OUT_T)                                               \
-  if (in_type == IN_ENUM && out_type == OUT_ENUM) {                                           \
-    return launch_cast<IN_T, OUT_T, key_t>(base, stride_bytes, rows, keys, pos, n, width, dst, \
-                                           dedupe, max_sms, device, stream, host, scale);     \
-  }
-  TD_CAST(at::kHalf, c10::Half, at::kFloat, float)
-  TD_CAST(at::kBFloat16, c10::BFloat16, at::kFloat, float)
-  TD_CAST(at::kFloat, float, at::kHalf, c10::Half)
-  TD_CAST(at::kFloat, float, at::kBFloat16, c10::BFloat16)
-  TD_CAST(at::kHalf, c10::Half, at::kBFloat16, c10::BFloat16)
-  TD_CAST(at::kBFloat16, c10::BFloat16, at::kHalf, c10::Half)
-  TD_CAST(at::kHalf, c10::Half, at::kHalf, c10::Half)              // scaled only
-  TD_CAST(at::kBFloat16, c10::BFloat16, at::kBFloat16, c10::BFloat16)
-  TD_CAST(at::kFloat, float, at::kFloat, float)
-  TD_CAST(at::kFloat8_e4m3fn, c10::Float8_e4m3fn, at::kFloat, float)
-  TD_CAST(at::kFloat8_e4m3fn, c10::Float8_e4m3fn, at::kHalf, c10::Half)
-  TD_CAST(at::kFloat8_e4m3fn, c10::Float8_e4m3fn, at::kBFloat16, c10::BFloat16)
-#undef TD_CAST
-  TORCH_INTERNAL_ASSERT(false, "unhandled cast");
+  // (equal types with a scale cannot come here: a scale goes with a float8 table only)
+  torch_direct::rows::dispatch_cast(table.scalar_type(), out.scalar_type(), "gather", [&](auto in_tag, auto out_tag) {
+    launch_cast<decltype(in_tag), decltype(out_tag), key_t>(base, stride_bytes, rows, keys, pos, n, width, dst,
+                                                            dedupe, max_sms, device, stream, host, scale);
+  });
 }
 
 } // namespace
 
 bool gather_cuda_can_cast(c10::ScalarType from, c10::ScalarType to) {
-  return from == to || (castable_from(from) && castable(to));
+  return from == to || (torch_direct::rows::is_cast_input(from) && torch_direct::rows::is_cast_output(to));
 }
 
 IndexStats index_stats_cuda(const at::Tensor& index, int64_t rows) {
@@ -640,7 +550,7 @@ at::Tensor& gather_rows_scaled_cuda(const at::Tensor& table, const at::Tensor& i
   check_gather_args(table, index, out, op);
   TORCH_CHECK(table.scalar_type() == at::kFloat8_e4m3fn, op,
               ": a scaled gather reads a float8_e4m3fn table, got ", table.scalar_type());
-  TORCH_CHECK(castable(out.scalar_type()), op, ": a scaled gather writes float32, float16 or bfloat16, got ",
+  TORCH_CHECK(torch_direct::rows::is_cast_output(out.scalar_type()), op, ": a scaled gather writes float32, float16 or bfloat16, got ",
               out.scalar_type());
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.dim() == 1 && scale.is_contiguous() &&
                   scale.size(0) == table.size(0),

@@ -2,7 +2,6 @@
 // CachedGatherKernels.cu.
 
 #include "CachedGather.h"
-#include "Dispatch.h"
 
 #include <ATen/Parallel.h>
 
@@ -18,7 +17,7 @@ void check_cached_gather(const at::Tensor& table, const at::Tensor& cache, const
   TORCH_CHECK(table.dim() == 2 && table.stride(1) == 1, op,
               ": table must be 2-D [rows, width] with contiguous rows, got shape ", table.sizes(),
               " and strides ", table.strides());
-  TORCH_CHECK(is_table_type(table.scalar_type()), op,
+  TORCH_CHECK(torch_direct::rows::is_cast_input(table.scalar_type()), op,
               ": table must be float32, float16, bfloat16 or float8_e4m3fn, got ", table.scalar_type());
   const int64_t rows = table.size(0);
   const int64_t width = table.size(1);
@@ -40,7 +39,7 @@ void check_cached_gather(const at::Tensor& table, const at::Tensor& cache, const
                 pos.scalar_type(), " of shape ", pos.sizes());
   }
   TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.size(0) == n && out.size(1) == width &&
-                  is_output_type(out.scalar_type()),
+                  torch_direct::rows::is_cast_output(out.scalar_type()),
               op, ": out must be a contiguous [", n, ", ", width, "] float32/float16/bfloat16 tensor, got ",
               out.scalar_type(), " of shape ", out.sizes());
   const bool fp8 = table.scalar_type() == at::kFloat8_e4m3fn;
@@ -142,7 +141,7 @@ void cpu_pass(const at::Tensor& table, const at::Tensor& cache, const at::Tensor
 void cached_gather_cpu(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& slot,
                        const at::Tensor& index, const at::Tensor& pos, at::Tensor& out,
                        const at::Tensor& scale, const at::Tensor& cache_scale, at::Tensor& counters) {
-  dispatch_types(table.scalar_type(), out.scalar_type(), [&](auto in_tag, auto out_tag) {
+  torch_direct::rows::dispatch_cast(table.scalar_type(), out.scalar_type(), "cached_gather", [&](auto in_tag, auto out_tag) {
     using in_t = decltype(in_tag);
     using out_t = decltype(out_tag);
     if (index.scalar_type() == at::kInt) {

@@ -9,15 +9,16 @@
 // the misses, gathered every entry from the cache, then the misses from the table (their index
 // sorted, a second wait for its bounds check) and scattered them back.
 
+#include "csrc/aten/RowGather.h"
+
 #include <ATen/ATen.h>
 
 namespace torch_direct::features {
 
-// Tables of this many bytes or more in host memory are read as the device's own gather reads
-// them (GatherCuda.cu): the index sorted first (the caller does it, passing pos) and one block a
-// row, since the GPU translates the addresses of reads in order far faster on such tables
-// (docs/gather.md). The module exports it as large_table_bytes for the caller's choice.
-constexpr int64_t kLargeTableBytes = int64_t(8) << 30;
+// Tables of kLargeTableBytes or more in host memory are read as the device's own gather reads
+// them (csrc/aten/RowGather.cuh): the index sorted first (the caller does it, passing pos) and
+// one block a row. The module exports the size as large_table_bytes for the caller's choice.
+using torch_direct::rows::kLargeTableBytes;
 
 // The checks both paths make (throws c10::Error naming the argument).
 void check_cached_gather(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& slot,

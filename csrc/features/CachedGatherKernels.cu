@@ -11,9 +11,8 @@
 // in address order, which large tables in host memory need.
 
 #include "CachedGather.h"
-#include "Dispatch.h"
 
-#include "csrc/aten/Experimental.h"
+#include "csrc/aten/RowGather.cuh"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -27,27 +26,7 @@
 namespace torch_direct::features {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kUnroll = 4;
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T v[V];
-};
-
-template <typename in_t, typename out_t, int V>
-__device__ __forceinline__ Vec<out_t, V> convert(const Vec<in_t, V>& x, float s) {
-  Vec<out_t, V> y;
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    if constexpr (std::is_same_v<in_t, out_t>) {
-      y.v[k] = s == 1.0f ? x.v[k] : static_cast<out_t>(static_cast<float>(x.v[k]) * s);
-    } else {
-      y.v[k] = static_cast<out_t>(static_cast<float>(x.v[k]) * s);
-    }
-  }
-  return y;
-}
+using namespace torch_direct::rows;  // RowGather.cuh
 
 template <typename out_t, int V>
 __device__ __forceinline__ Vec<out_t, V> zeros() {
@@ -189,23 +168,6 @@ __global__ void cached_gather_row_per_block_kernel(const Args<in_t, out_t, index
   }
 }
 
-// The device gather's choice of read kernel, for the same reasons (GatherCuda.cu): one block per
-// row on tables of kLargeTableBytes and more in host memory unless capped to fewer SMs (a grid of
-// one block per row cannot be capped); the experimental gather_kernel=rowblock|grid forces either.
-
-bool use_row_per_block(int64_t table_bytes, int64_t max_sms) {
-  if (const auto k = torch_direct::experimental::get("gather_kernel")) {
-    TORCH_CHECK(*k == "rowblock" || *k == "grid", torch_direct::experimental::kVariable,
-                ": gather_kernel must be rowblock or grid, not '", *k, "'");
-    return *k == "rowblock";
-  }
-  return table_bytes >= kLargeTableBytes && max_sms <= 0;
-}
-
-bool aligned(const void* p, int64_t a) {
-  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(a) == 0;
-}
-
 template <typename in_t, typename out_t, int V, typename index_t>
 void launch(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& slot, const at::Tensor& index,
             const at::Tensor& pos, at::Tensor& out, const at::Tensor& scale, const at::Tensor& cache_scale,
@@ -223,13 +185,7 @@ void launch(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& 
     const int64_t threads = std::min<int64_t>(kThreads, (a.chunks + 31) / 32 * 32);
     cached_gather_row_per_block_kernel<in_t, out_t, V, index_t><<<a.n, threads, 0, stream>>>(a);
   } else {
-    int sms = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, out.device().index()));
-    const int use = max_sms > 0 && max_sms < sms ? static_cast<int>(max_sms) : sms;
-    const int64_t per_block = kThreads * kUnroll;
-    // 2048 resident threads an SM on sm_80/sm_90: 8 blocks of 256
-    const int64_t grid = std::max<int64_t>(
-        1, std::min<int64_t>((a.n * a.chunks + per_block - 1) / per_block, static_cast<int64_t>(use) * 8));
+    const int64_t grid = grid_for(a.n * a.chunks, kThreads * kUnroll, max_sms, out.device().index());
     cached_gather_kernel<in_t, out_t, V, index_t><<<grid, kThreads, 0, stream>>>(a);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -286,7 +242,7 @@ void cached_gather_cuda(const at::Tensor& table, const at::Tensor& cache, const 
     return;
   }
   c10::cuda::CUDAGuard guard(out.device());
-  dispatch_types(table.scalar_type(), out.scalar_type(), [&](auto in_tag, auto out_tag) {
+  torch_direct::rows::dispatch_cast(table.scalar_type(), out.scalar_type(), "cached_gather", [&](auto in_tag, auto out_tag) {
     using in_t = decltype(in_tag);
     using out_t = decltype(out_tag);
     if (index.scalar_type() == at::kInt) {
