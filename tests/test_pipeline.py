@@ -165,17 +165,18 @@ class TestFeatureStores(TestCase):
                 (self.x.bfloat16(), torch.float16, None), (q, None, scale), (q, torch.float16, scale)]
 
     def test_fused_cached_gather_gives_the_split_gathers_rows(self):
-        # The one-pass cached gather (TORCH_DIRECT_EXPERIMENTAL=cached_gather=fused) against the
-        # split one, on the CPU: the same rows, bit for bit, and the same hit rate.
+        # The one-pass cached gather (the default) against the split one
+        # (TORCH_DIRECT_EXPERIMENTAL=cached_gather=split), on the CPU: the same rows, bit for
+        # bit, and the same hit rate.
         degree = torch.arange(500)
         idx = torch.tensor([450, 3, 499, 400, 399, 0, 450])
         for kind in ("unified", "cpu_centric"):
             for x, dtype, scale in self._cases():
                 kw = dict(scale=scale, cache_bytes=100 * (12 * x.element_size() + (4 if scale is not None else 0)),
                           degree=degree)
-                split = make_feature_store(kind, x, "cpu", dtype, **kw)
-                with torch_direct.experimental(cached_gather="fused"):
-                    fused = make_feature_store(kind, x, "cpu", dtype, **kw)
+                with torch_direct.experimental(cached_gather="split"):
+                    split = make_feature_store(kind, x, "cpu", dtype, **kw)
+                fused = make_feature_store(kind, x, "cpu", dtype, **kw)
                 self.assertIsNotNone(fused._fused)
                 self.assertIsNone(split._fused)
                 msg = str((kind, x.dtype, dtype))
@@ -195,6 +196,11 @@ class TestFeatureStores(TestCase):
             self.assertEqual(got[1], self.x[3])
             # Without a cache (a budget below one row) there is nothing to fuse.
             self.assertIsNone(make_feature_store("unified", self.x, "cpu", cache_bytes=10, degree=degree)._fused)
+        # Types the pass does not cast between (a float64 table) take the split form.
+        x64 = self.x.double()
+        store = make_feature_store("unified", x64, "cpu", cache_bytes=100 * 12 * 8, degree=degree)
+        self.assertIsNone(store._fused)
+        self.assertEqual(store.gather(idx), x64[idx], atol=0, rtol=0)
         with torch_direct.experimental(cached_gather="both"):
             with self.assertRaisesRegex(ValueError, "cached_gather must be split or fused"):
                 make_feature_store("unified", self.x, "cpu", cache_bytes=1000, degree=degree)
@@ -365,7 +371,9 @@ class TestFeatureStores(TestCase):
         for x, dtype, scale in self._cases():
             kw = dict(scale=scale, cache_bytes=100 * (12 * x.element_size() + (4 if scale is not None else 0)),
                       degree=degree)
-            split = make_feature_store("unified", x, "cuda", dtype, **kw)
+            with torch_direct.experimental(cached_gather="split"):
+                split = make_feature_store("unified", x, "cuda", dtype, **kw)
+            self.assertIsNone(split._fused)
             want = split.gather(idx, stream=s)
             s.synchronize()
             # (index sorted first as on a large table, SM cap, read kernel: None = the choice by

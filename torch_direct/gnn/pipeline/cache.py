@@ -12,6 +12,11 @@ from . import _features
 from .features import FeatureStore, UnifiedFeatureStore, dequantize, take_rows
 
 
+# what the fused pass casts between (csrc/aten/RowGather.h)
+_FUSED_OUT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FUSED_TABLE_TYPES = _FUSED_OUT_TYPES + (torch.float8_e4m3fn,)
+
+
 def cached_gather_mode() -> str:
     """The experimental setting cached_gather: "fused" (unset: the default) or "split"."""
     mode = torch_direct.experimental_setting("cached_gather") or "fused"
@@ -92,6 +97,8 @@ class CachedFeatureStore(FeatureStore):
         store = self.store
         if store.table.stride(-1) != 1:
             return None      # rows the pass cannot read as runs of elements
+        if store.table.dtype not in _FUSED_TABLE_TYPES or self.dtype not in _FUSED_OUT_TYPES:
+            return None      # types the pass does not cast between (float64, integers)
         if self.device.type == "cpu":
             table = store.table
             if table.device.type == "unified":
