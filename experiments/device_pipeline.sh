@@ -216,7 +216,7 @@ case "$what" in
     build_pyg_wheels
     # products-like's test split is 2.2M nodes: PyG's loader alone would take minutes to infer them
     # all, so every pipeline reports test accuracy over the same fixed 100K of them.
-    bench products-like 400 --dataset products-like --epochs 2 --pipelines unified,cpu_centric,gpu_resident,pyg \
+    bench products-like 560 --dataset products-like --epochs 2 --pipelines unified,cpu_centric,gpu_resident,pyg \
       --pyg-workers 16 --test-nodes 100000
     [ "$what" = products-pyg ] || products_overlap ;;
   products-overlap) products_overlap ;;
