@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-fused-sms|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -41,6 +41,8 @@
 #   each with the cached feature store's gather split, then in one pass (CACHED_GATHER_MODES,
 #   default "split fused"; CACHED_GATHER=split|fused sets it for any step); cached-gather-probe: the
 #   step-floor probe's parts on products-like with each form (CACHE_MB, default 384).
+# - papers-fused-sms: papers-cached-gather's fused run with `--gather-sms N` for each N of
+#   GATHER_SMS_LIST (default "66 33") and gather_kernel=rowblock (one block a row under the cap).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
 # - papers: papers100M-like generated (timed), then `bench train` unified with
 #   the CSR in host memory, with `--graph gpu`, and with `--graph gpu --sample-ahead
@@ -164,7 +166,7 @@ papers_graphed() {  # papers-graphed (its options in the environment, as the hea
   papers_data_once
   local common fd tag threads p
   common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32} --step-priority ${STEP_PRIORITY:-normal}"
-  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG
+  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG${GATHER_SMS:+_gather-sms$GATHER_SMS}
   # the hybrid gather's CPU threads (GATHER_THREADS, default 12; none with float8 rows, scaled in
   # the GPU kernel, nor with the one-pass cached gather, which reads every miss on the GPU)
   threads="--gather-cpu-threads ${GATHER_THREADS:-12}"
@@ -173,7 +175,7 @@ papers_graphed() {  # papers-graphed (its options in the environment, as the hea
     case "$p" in
       gpu_resident) bench "papers100M-like_graphed_gpu-resident_$tag" 150 $common --pipelines gpu_resident --feature-dtype "$fd" ;;
       unified) bench "papers100M-like_graphed_unified_$tag" 200 $common --pipelines unified --feature-dtype "$fd" \
-        --cache-mb "${CACHE_MB:-13500}" $threads ;;
+        --cache-mb "${CACHE_MB:-13500}" $threads ${GATHER_SMS:+--gather-sms $GATHER_SMS} ;;
       *) echo "papers-graphed: unknown pipeline $p in GRAPHED_PIPELINES (gpu_resident, unified)" >&2 ;;
     esac
   done
@@ -333,6 +335,14 @@ case "$what" in
     for m in ${CACHED_GATHER_MODES:-split fused}; do
       CACHED_GATHER=$m GRAPHED_PIPELINES=unified PRECISION=${PRECISION:-bf16} GRAPH_BUFFERS=${GRAPH_BUFFERS:-2} \
         AHEAD=${AHEAD:-2} bash "$0" papers-graphed
+    done ;;
+  papers-fused-sms)  # papers-cached-gather's fused run with the gather capped to each of GATHER_SMS_LIST
+    # SMs (default "66 33"), one block a row under the cap (gather_kernel=rowblock), so that the
+    # sampling threads' and the step's kernels keep the other SMs
+    for sms in ${GATHER_SMS_LIST:-66 33}; do
+      TORCH_DIRECT_EXPERIMENTAL="${TORCH_DIRECT_EXPERIMENTAL:+$TORCH_DIRECT_EXPERIMENTAL,}gather_kernel=rowblock" \
+        CACHED_GATHER=fused GATHER_SMS=$sms GRAPHED_PIPELINES=unified PRECISION=${PRECISION:-bf16} \
+        GRAPH_BUFFERS=${GRAPH_BUFFERS:-2} AHEAD=${AHEAD:-2} bash "$0" papers-graphed
     done ;;
   step-profile)  # what the graphed step of papers100M-like is made of
     papers_data_once

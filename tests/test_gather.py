@@ -410,6 +410,14 @@ class TestGatherKernelCUDA(TestCase):
                             self.check(src, torch.randint(-2000, 2000, (5000,), generator=g), order=order)
             src = torch.randn(1000, 64)
             self.check(src, torch.randint(0, 30, (20000,), generator=g))  # long runs of repeats
+            # capped to a few SMs: fewer blocks than entries, each looping over entries a grid
+            # apart (runs of repeats then span blocks' turns)
+            for sms in (1, 3):
+                with self.subTest(max_sms=sms):
+                    self.check(src, torch.randint(-1000, 1000, (20000,), generator=g), max_sms=sms)
+                    self.check(src, torch.randint(0, 30, (20000,), generator=g), max_sms=sms)
+                    self.check(src.half(), torch.randint(0, 1000, (5000,), generator=g), dtype=torch.float32,
+                               max_sms=sms)
             self.check(src, torch.randint(0, 1000, (20000,), generator=g).sort().values.int())
             for width in (64, 1027):
                 t = torch.randn(1000, width, generator=g)
@@ -441,7 +449,8 @@ class TestGatherKernelCUDA(TestCase):
 
     def test_large_tables_read_one_block_per_row(self):
         # A table of 8 GiB takes the one-block-per-row kernel; a gather capped to max_sms SMs,
-        # or the experimental gather_kernel=grid, the grid-stride one. Same rows either way.
+        # or the experimental gather_kernel=grid, the grid-stride one; gather_kernel=rowblock
+        # keeps one block a row under a cap. Same rows either way.
         rows = (8 << 30) // 256
         u = torch.empty(rows, 64, dtype=torch.int32, device="unified")
         g = torch.Generator().manual_seed(3)
@@ -465,7 +474,8 @@ class TestGatherKernelCUDA(TestCase):
 
         for env, kw, want in (({}, {}, {"gather_row_per_block_kernel"}),
                               ({}, {"max_sms": 8}, {"gather_kernel"}),
-                              ({"gather_kernel": "grid"}, {}, {"gather_kernel"})):
+                              ({"gather_kernel": "grid"}, {}, {"gather_kernel"}),
+                              ({"gather_kernel": "rowblock"}, {"max_sms": 8}, {"gather_row_per_block_kernel"})):
             # settings not given are removed (not inherited from the caller's environment)
             env = {"gather_kernel": None, "gather_window_rows": None, **env}
             with self.subTest(env=env, kw=kw), torch_direct.experimental(**env):

@@ -377,9 +377,10 @@ class TestFeatureStores(TestCase):
             want = split.gather(idx, stream=s)
             s.synchronize()
             # (index sorted first as on a large table, SM cap, read kernel: None = the choice by
-            # table size, the grid-stride loop here; rowblock = one block per row, a large table's)
+            # table size, the grid-stride loop here; rowblock = one block per row, a large table's,
+            # under a cap each block looping over rows)
             for large, sms, kernel in ((False, None, None), (True, None, "rowblock"), (False, 1, None),
-                                       (False, None, "rowblock")):
+                                       (False, None, "rowblock"), (True, 1, "rowblock")):
                 with torch_direct.experimental(cached_gather="fused"), \
                         mock.patch.object(cache, "LARGE_TABLE_BYTES", 0 if large else cache.LARGE_TABLE_BYTES):
                     fused = make_feature_store("unified", x, "cuda", dtype, max_sms=sms, **kw)

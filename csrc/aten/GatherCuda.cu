@@ -217,7 +217,8 @@ gather_kernel(const char* __restrict__ table, int64_t row_stride_bytes, int64_t 
   }
 }
 
-// One entry (row) per block, the block's threads over the row's chunks: the launch geometry of
+// One entry (row) per block (or, capped to fewer SMs, a block's rows gridDim.x apart), the
+// block's threads over the row's chunks: the launch geometry of
 // stock `u[idx]` (one block per index, 16-byte loads, a warp or more a row). The hardware
 // scheduler then keeps at most its resident blocks' rows in flight (32 blocks an SM on
 // sm_90), started in entry order as earlier ones finish: on a sorted index a window that
@@ -230,15 +231,16 @@ __global__ void gather_row_per_block_kernel(const char* __restrict__ table, int6
                                             char* __restrict__ out, int64_t out_row_bytes, bool dedupe,
                                             const float* __restrict__ scale) {
   using InV = Vec<in_t, V>;
-  const int64_t j = blockIdx.x;
-  const int64_t r = row_to_read(keys, j, rows, dedupe);
-  if (r < 0) {
-    return;
-  }
-  const float s = row_scale(scale, r);
-  const InV* src = reinterpret_cast<const InV*>(table + r * row_stride_bytes);
-  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-    write_run(convert<in_t, out_t, V>(src[c], s), out, out_row_bytes, keys, pos, n, j, c, dedupe);
+  for (int64_t j = blockIdx.x; j < n; j += gridDim.x) {   // once, unless capped (row_block_grid)
+    const int64_t r = row_to_read(keys, j, rows, dedupe);
+    if (r < 0) {
+      continue;
+    }
+    const float s = row_scale(scale, r);
+    const InV* src = reinterpret_cast<const InV*>(table + r * row_stride_bytes);
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      write_run(convert<in_t, out_t, V>(src[c], s), out, out_row_bytes, keys, pos, n, j, c, dedupe);
+    }
   }
 }
 
@@ -295,7 +297,8 @@ void launch_rows(const char* table, int64_t stride_bytes, int64_t rows, const ke
   const int64_t table_bytes = host ? rows * stride_bytes : 0;
   if (use_row_per_block(table_bytes, max_sms) && n <= std::numeric_limits<int32_t>::max()) {
     const int64_t threads = std::min<int64_t>(kThreads, (chunks + 31) / 32 * 32);
-    gather_row_per_block_kernel<in_t, out_t, V, key_t><<<n, threads, 0, stream>>>(
+    const int64_t grid = row_block_grid(n, threads, max_sms, device);
+    gather_row_per_block_kernel<in_t, out_t, V, key_t><<<grid, threads, 0, stream>>>(
         table, stride_bytes, rows, keys, pos, n, chunks, out, out_row_bytes, dedupe, scale);
   } else {
     const int64_t grid = gather_grid(n * chunks, chunks, max_sms, device, table_bytes);
@@ -550,7 +553,8 @@ at::Tensor& gather_rows_scaled_cuda(const at::Tensor& table, const at::Tensor& i
   check_gather_args(table, index, out, op);
   TORCH_CHECK(table.scalar_type() == at::kFloat8_e4m3fn, op,
               ": a scaled gather reads a float8_e4m3fn table, got ", table.scalar_type());
-  TORCH_CHECK(torch_direct::rows::is_cast_output(out.scalar_type()), op, ": a scaled gather writes float32, float16 or bfloat16, got ",
+  TORCH_CHECK(torch_direct::rows::is_cast_output(out.scalar_type()), op,
+              ": a scaled gather writes float32, float16 or bfloat16, got ",
               out.scalar_type());
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.dim() == 1 && scale.is_contiguous() &&
                   scale.size(0) == table.size(0),

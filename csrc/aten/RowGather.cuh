@@ -68,19 +68,30 @@ __device__ __forceinline__ Vec<out_t, V> convert(const Vec<in_t, V>& x, float s)
 // (H200, 32 GB, 400K random indices, ours / naive_uva_sorted at 128 / 256 / 512 / 1024 B: 1.00 /
 // 1.01 / 1.05 / 1.06 against 0.95 / 0.92 / 0.86 / 1.05; results/gather_32gb_kernel-*.json), so
 // it is the default on tables of kLargeTableBytes and more; the grid-stride kernel keeps smaller
-// tables (where it reaches 0.9x memcpy), tables in GPU memory and any read capped to max_sms SMs
-// (a grid of one block per row cannot be capped). The experimental gather_kernel=rowblock or
-// =grid forces either kernel on an uncapped read.
+// tables (where it reaches 0.9x memcpy), tables in GPU memory and, by default, any read capped
+// to max_sms SMs. The experimental gather_kernel=rowblock or =grid forces either kernel, capped
+// or not (row_block_grid: a capped one-block-a-row read loops over its rows).
 [[maybe_unused]] bool use_row_per_block(int64_t table_bytes, int64_t max_sms) {
-  if (max_sms > 0) {
-    return false;
-  }
   if (const auto k = torch_direct::experimental::get("gather_kernel")) {
     TORCH_CHECK(*k == "rowblock" || *k == "grid", torch_direct::experimental::kVariable,
                 ": gather_kernel must be rowblock or grid, not '", *k, "'");
     return *k == "rowblock";
   }
-  return table_bytes >= kLargeTableBytes;
+  return table_bytes >= kLargeTableBytes && max_sms <= 0;
+}
+
+// Blocks of a one-block-a-row read of n rows with `threads` threads a block: one a row, or,
+// capped to max_sms SMs, as many as that many SMs hold at once (32 blocks an SM at most on
+// sm_80/sm_90), each block then taking rows gridDim.x apart. The blocks resident at any moment
+// then read neighbouring entries, so a sorted index is still read in address order.
+[[maybe_unused]] int64_t row_block_grid(int64_t n, int64_t threads, int64_t max_sms, int device) {
+  if (max_sms <= 0) {
+    return n;
+  }
+  const int sms = sm_count(device);
+  const int64_t use = max_sms < sms ? max_sms : sms;
+  const int64_t per_sm = std::min<int64_t>(32, 2048 / threads);
+  return std::max<int64_t>(1, std::min<int64_t>(n, use * per_sm));
 }
 
 } // namespace

@@ -141,7 +141,8 @@ void cpu_pass(const at::Tensor& table, const at::Tensor& cache, const at::Tensor
 void cached_gather_cpu(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& slot,
                        const at::Tensor& index, const at::Tensor& pos, at::Tensor& out,
                        const at::Tensor& scale, const at::Tensor& cache_scale, at::Tensor& counters) {
-  torch_direct::rows::dispatch_cast(table.scalar_type(), out.scalar_type(), "cached_gather", [&](auto in_tag, auto out_tag) {
+  const auto in_type = table.scalar_type();
+  torch_direct::rows::dispatch_cast(in_type, out.scalar_type(), "cached_gather", [&](auto in_tag, auto out_tag) {
     using in_t = decltype(in_tag);
     using out_t = decltype(out_tag);
     if (index.scalar_type() == at::kInt) {

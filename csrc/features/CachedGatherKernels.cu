@@ -145,26 +145,29 @@ __global__ void __launch_bounds__(kThreads) cached_gather_kernel(const Args<in_t
 // gather uses on tables of 8 GiB and more in host memory, where the hardware scheduler's window
 // of resident blocks, started in entry order, keeps the reads of a sorted index close together
 // in the table, which address translation needs (docs/gather.md); a grid-stride loop over the
-// whole batch spreads them out. Only misses and bad rows are counted (one atomic an entry at most).
+// whole batch spreads them out; capped to fewer SMs, each block takes entries gridDim.x apart.
+// Only misses and bad rows are counted (one atomic an entry at most).
 template <typename in_t, typename out_t, int V, typename index_t>
 __global__ void cached_gather_row_per_block_kernel(const Args<in_t, out_t, index_t> a) {
   using InV = Vec<in_t, V>;
   using OutV = Vec<out_t, V>;
   const int64_t width = a.chunks * V;
-  int64_t row;
-  const in_t* src = nullptr;
-  float f;
-  bool miss = false;
-  const int state = source(a, static_cast<int64_t>(blockIdx.x), width, row, src, f, miss);
-  if (threadIdx.x == 0 && (miss || state != 1)) {
-    atomicAdd(a.counters + (miss ? 0 : 1), 1ull);
-  }
-  if (state == 0) {
-    return;
-  }
-  OutV* dst = reinterpret_cast<OutV*>(a.out + row * width);
-  for (int64_t c = threadIdx.x; c < a.chunks; c += blockDim.x) {
-    dst[c] = state == 1 ? convert<in_t, out_t, V>(reinterpret_cast<const InV*>(src)[c], f) : zeros<out_t, V>();
+  for (int64_t j = blockIdx.x; j < a.n; j += gridDim.x) {   // once, unless capped (row_block_grid)
+    int64_t row;
+    const in_t* src = nullptr;
+    float f;
+    bool miss = false;
+    const int state = source(a, j, width, row, src, f, miss);
+    if (threadIdx.x == 0 && (miss || state != 1)) {
+      atomicAdd(a.counters + (miss ? 0 : 1), 1ull);
+    }
+    if (state == 0) {
+      continue;
+    }
+    OutV* dst = reinterpret_cast<OutV*>(a.out + row * width);
+    for (int64_t c = threadIdx.x; c < a.chunks; c += blockDim.x) {
+      dst[c] = state == 1 ? convert<in_t, out_t, V>(reinterpret_cast<const InV*>(src)[c], f) : zeros<out_t, V>();
+    }
   }
 }
 
@@ -183,7 +186,8 @@ void launch(const at::Tensor& table, const at::Tensor& cache, const at::Tensor& 
   const int64_t table_bytes = table.size(0) * table.stride(0) * table.element_size();
   if (use_row_per_block(table_bytes, max_sms) && a.n <= std::numeric_limits<int32_t>::max()) {
     const int64_t threads = std::min<int64_t>(kThreads, (a.chunks + 31) / 32 * 32);
-    cached_gather_row_per_block_kernel<in_t, out_t, V, index_t><<<a.n, threads, 0, stream>>>(a);
+    const int64_t grid = row_block_grid(a.n, threads, max_sms, out.device().index());
+    cached_gather_row_per_block_kernel<in_t, out_t, V, index_t><<<grid, threads, 0, stream>>>(a);
   } else {
     const int64_t grid = grid_for(a.n * a.chunks, kThreads * kUnroll, max_sms, out.device().index());
     cached_gather_kernel<in_t, out_t, V, index_t><<<grid, kThreads, 0, stream>>>(a);
