@@ -395,5 +395,6 @@ case "$what" in
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
       --epochs 2 --pipelines unified --graph gpu --sample-ahead --gather-sms 66 --test-nodes 100000 ;;
-  *) echo "device_pipeline: unknown step $what (products, products-pyg, products-overlap, products-target, papers-graphed-buffers, papers-step-priority, step-profile, products-ablation, papers, scaling, papers-levers, papers-hybrid, papers-data, papers-gpu-resident, papers-all, papers-all-ahead, papers-graphed, papers-graphed-levers, floor-probe, unified-probe, products-cache, papers-cache, profile, gather-probes, gather-kernels, gather-shapes, hugepages, pyg-wheels, all)" >&2; exit 2 ;;
+  *) echo "device_pipeline: unknown step $what; the steps: $(sed -n 's/^#   bash experiments\/device_pipeline.sh \[\(.*\)\].*/\1/p' "$0" | tr '|' ' ')" >&2
+     exit 2 ;;
 esac
