@@ -235,6 +235,61 @@ class TestWriteJson(TestCase):
         self.assertIsNone(prov["machine"])
         self.assertIsInstance(prov["command"], str)
 
+    def test_source_digest(self):
+        # Over the source files only, by relative path and content: a copy of the tree elsewhere
+        # gives the same digest; a changed source file or a renamed one another; a build's
+        # outputs, caches, generated code and files outside the source paths none.
+        with tempfile.TemporaryDirectory() as d:
+            a, b = Path(d) / "a", Path(d) / "b"
+            for root in (a, b):
+                (root / "torch_direct" / "gnn").mkdir(parents=True)
+                (root / "torch_direct" / "gnn" / "m.py").write_text("x = 1\n")
+                (root / "csrc" / "extension" / "generated").mkdir(parents=True)
+                (root / "csrc" / "k.cu").write_text("// k\n")
+                (root / "setup.py").write_text("setup()\n")
+            first = _io.source_digest(a)
+            self.assertRegex(first, r"^[0-9a-f]{16}$")
+            self.assertEqual(_io.source_digest(b), first)
+            for extra in ("torch_direct/_C.so", "torch_direct/gnn/__pycache__/m.cpython-311.pyc",
+                          "csrc/extension/generated/Reg.cpp", "README.md", "tests/test_x.py"):
+                (a / extra).parent.mkdir(parents=True, exist_ok=True)
+                (a / extra).write_text("anything")
+                self.assertEqual(_io.source_digest(a), first, extra)
+            (a / "csrc" / "k.cu").write_text("// k changed\n")
+            self.assertNotEqual(_io.source_digest(a), first)
+            (b / "csrc" / "k.cu").rename(b / "csrc" / "k2.cu")
+            self.assertNotEqual(_io.source_digest(b), first)
+            self.assertIsNone(_io.source_digest(Path(d) / "empty"))
+        self.assertIn("source", _io.provenance())
+
+    @unittest.skipUnless(shutil.which("git") and (REPO / ".git").exists(), "needs git and this checkout's history")
+    def test_source_digest_of_a_commit(self):
+        # tools/source_digest.py REV gives what source_digest gives on REV's checkout: here the
+        # checkout's own files against HEAD, equal unless a source file differs from HEAD.
+        changed = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", *_io.SOURCE_PATHS],
+                                 capture_output=True, text=True).stdout.strip()
+        tool = [sys.executable, str(REPO / "tools" / "source_digest.py")]
+        head = subprocess.run(tool + ["HEAD"], capture_output=True, text=True)
+        self.assertEqual(head.returncode, 0, head.stderr)
+        digest = head.stdout.split()[0]
+        if not changed:
+            self.assertEqual(digest, _io.source_digest(REPO))
+        else:
+            self.assertNotEqual(digest, _io.source_digest(REPO))
+        with tempfile.TemporaryDirectory() as d:
+            rec = Path(d) / "r.json"
+            rec.write_text(json.dumps({"provenance": {"source": digest}}))
+            r = subprocess.run(tool + ["--record", str(rec), "HEAD"], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("<- the record's", r.stdout)
+            rec.write_text(json.dumps({"provenance": {"source": "0" * 16}}))
+            r = subprocess.run(tool + ["--record", str(rec), "HEAD"], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("matches none", r.stderr)
+        bad = subprocess.run(tool + ["no-such-commit"], capture_output=True, text=True)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("no-such-commit", bad.stderr)
+
     def test_command_line(self):
         main = types.ModuleType("__main__")
         main.__spec__ = types.SimpleNamespace(name="torch_direct.gnn.bench.__main__")

@@ -1,9 +1,11 @@
 """Files a command writes: where they go by default, checked before any work, written atomically,
-each JSON record saying what produced it (``provenance``: commit, machine, command)."""
+each JSON record saying what produced it (``provenance``: commit, source digest, machine,
+command)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -99,6 +101,40 @@ def code_version() -> dict:
     return {"commit": None, "version": installed}
 
 
+# The code a record's figures come from: the package, the extension's sources and their build.
+SOURCE_PATHS = ("torch_direct", "csrc", "c10_allocator", "setup.py", "native_functions_additions.yaml",
+                "tools/gen_registrations.py")
+SOURCE_SUFFIXES = (".py", ".cpp", ".cu", ".h", ".cuh", ".yaml")
+
+
+def source_digest(root=None) -> str | None:
+    """A digest of the source files under ``root`` (default: the checkout this package was
+    imported from): SHA-256 over the relative path and bytes of each file of SOURCE_PATHS with
+    a SOURCE_SUFFIXES ending, in path order, generated code left out; its first 16 hex digits.
+    The same files give the same digest on any machine, with or without git metadata, so that a
+    record made from a copy of the tree (a GPU machine's, an image's) can be matched to the
+    commit whose checkout gives its digest (``python tools/source_digest.py REV``). None when
+    no source file is there."""
+    root = Path(root) if root is not None else _PACKAGE_ROOT
+    files = []
+    for part in SOURCE_PATHS:
+        top = root / part
+        if top.is_file():
+            files.append(top)
+        elif top.is_dir():
+            files.extend(f for f in top.rglob("*") if f.is_file() and f.name.endswith(SOURCE_SUFFIXES)
+                         and "generated" not in f.relative_to(root).parts
+                         and "__pycache__" not in f.relative_to(root).parts)
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.relative_to(root).as_posix()):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        h.update(f.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
 def command_line() -> str:
     """This process's command line, shell-quoted: ``python -m <module> args`` when it was
     started with ``-m``, else its argv (``python`` first for a ``.py`` script); preceded by
@@ -122,9 +158,11 @@ def command_line() -> str:
 
 def provenance() -> dict:
     """The ``provenance`` object of a record written now: the code's commit (or version), the
-    machine and the command. Never raises: what cannot be found is None."""
+    digest of its source files (``source``), the machine and the command. Never raises: what
+    cannot be found is None."""
     out = {"commit": None}
-    for key, fn in (("code", code_version), ("machine", machine_record), ("command", command_line)):
+    for key, fn in (("code", code_version), ("source", source_digest), ("machine", machine_record),
+                    ("command", command_line)):
         try:
             value = fn()
         except Exception:
