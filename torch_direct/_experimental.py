@@ -19,8 +19,9 @@ VARIABLE = "TORCH_DIRECT_EXPERIMENTAL"
 
 # name -> what it does; the same names as kSettings in csrc/aten/Experimental.h.
 SETTINGS = {
-    "gather_kernel": "rowblock | grid: the CUDA gather's read kernel on any table (default: rowblock on tables "
-                     "of 8 GiB and more in host memory, grid on others)",
+    "gather_kernel": "rowblock | grid: the CUDA gather's read kernel on any table, capped to max_sms or not "
+                     "(default: rowblock on tables of 8 GiB and more in host memory read without a cap, grid "
+                     "on others)",
     "gather_window_rows": "int >= 0: distinct rows the grid-stride kernel keeps in flight "
                           "(default: 2048 on tables of 8 GiB and more in host memory, none on others)",
     "gather_max_unit": "int >= 1: cap on the bytes of each load, 16/8/4/2/1 (default: 16)",
