@@ -123,6 +123,9 @@ class TestBenchTrainCPU(_Tiny):
             # the printed row shows the step and each stage's busy time, so a run's limit is visible
             self.assertIn(f"| {r['train_step_s']:.3f} | {r['exposed_s']['sample']:.3f}/", self.out)
             self.assertIn(f"| {b['sample']:.3f}/{b['gather']:.3f}/{b['transfer']:.3f} |", self.out)
+            # the whole run (loading, both epochs, evaluation) outlasts its epochs, and is printed
+            self.assertGreater(r["run_s"], sum(r["epoch_times_s"]))
+            self.assertIn(f"{name}: epoch {r['epoch_s']:.3f} s ({r['run_s']:.0f} s in all)", self.err)
 
     def test_same_seed_same_training_on_the_cpu(self):
         u, c = self.rows["unified"], self.rows["cpu_centric"]

@@ -39,6 +39,7 @@ import io
 import re
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from .ablation import epoch_seconds
@@ -269,7 +270,10 @@ def run_bench(args, path: Path | None = None) -> dict:
                 continue   # skipped or failed: once says it
             label = f"{name} (run {turn + 1} of {repeats})" if repeats > 1 else name
             print(f"{label}: running", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
             row = _run_one(name, args, device)
+            # the whole run: loading, warm-up, every epoch, evaluation (where a long run's time goes)
+            row["run_s"] = time.perf_counter() - t0
             runs.setdefault(name, []).append(row)
             record["rows"] = [median_row(runs[n]) for n in wanted if n in runs]
             add_ratios(record)
@@ -277,6 +281,7 @@ def run_bench(args, path: Path | None = None) -> dict:
             if path is not None:
                 write_json(path, record)
             msg = f"epoch {row['epoch_s']:.3f} s" if row["status"] == "ok" else f"{row['status']}: {row['reason']}"
+            msg += f" ({row['run_s']:.0f} s in all)"
             print(f"{label}: {msg}", file=sys.stderr, flush=True)
     return record
 
