@@ -32,8 +32,13 @@ def _outputs():
 def digest_of(rev: str, outputs) -> str | None:
     """The source digest of commit ``rev``'s files: its tree exported by git archive into a
     temporary folder (the checkout is not touched)."""
-    done = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "--",
-                           *[p for p in outputs.SOURCE_PATHS if _in_tree(rev, p)]],
+    paths = [p for p in outputs.SOURCE_PATHS if _in_tree(rev, p)]
+    if not paths:   # (git archive would take the whole tree)
+        if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "-q", f"{rev}^{{commit}}"],
+                          capture_output=True).returncode != 0:
+            raise ValueError(f"{rev}: not a commit of this repository")
+        return None
+    done = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "--", *paths],
                           capture_output=True)
     if done.returncode != 0:
         raise ValueError(f"{rev}: {done.stderr.decode().strip() or 'git archive failed'}")
