@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-fused-sms|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-fused-sms|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|papers-host|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -44,9 +44,9 @@
 # - papers-fused-sms: papers-cached-gather's fused run with `--gather-sms N` for each N of
 #   GATHER_SMS_LIST (default "66 33") and gather_kernel=rowblock (one block a row under the cap).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
-# - papers: papers100M-like generated (timed), then `bench train` unified with
-#   the CSR in host memory, with `--graph gpu`, and with `--graph gpu --sample-ahead
-#   --gather-sms 66`.
+# - papers: papers100M-like generated (timed; unless an earlier step of the machine made it), then
+#   `bench train` unified with the CSR in host memory, with `--graph gpu`, and with `--graph gpu
+#   --sample-ahead --gather-sms 66`; papers-host: the first of the three alone.
 # - scaling: papers100M-like generated (unless it is there), then `bench scaling` on 1, 2, 4 and 8
 #   GPUs, as many as the machine has (CSR in host memory), then on 1 and all of them with `--graph gpu`
 #   (results/scaling_papers100M-like*.json/.png).
@@ -387,10 +387,11 @@ case "$what" in
     done ;;
   products-ablation)
     run_bench train-ablation products-like 300 --dataset products-like --epochs 2 --cache-mb 256 ;;
-  papers)
-    papers_data
+  papers|papers-host)  # papers-host: the first run alone (the README's CSR-in-host-memory row)
+    papers_data_once
     # test accuracy over a fixed 100K of the test split, as on products-like
     bench papers100M-like 170 --dataset papers100M-like --epochs 2 --pipelines unified --test-nodes 100000
+    [ "$what" = papers-host ] && exit 0
     bench papers100M-like_graph-gpu 170 --dataset papers100M-like --epochs 2 --pipelines unified --graph gpu \
       --test-nodes 100000
     [ -n "${SKIP_SAMPLE_AHEAD:-}" ] || bench papers100M-like_graph-gpu_sample-ahead 150 --dataset papers100M-like \
