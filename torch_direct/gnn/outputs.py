@@ -135,6 +135,13 @@ def source_digest(root=None) -> str | None:
     return h.hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=1)
+def _source_digest_once() -> str | None:
+    """This checkout's source digest, taken once per process (like the commit): every record
+    a run writes names the code it started with."""
+    return source_digest()
+
+
 def command_line() -> str:
     """This process's command line, shell-quoted: ``python -m <module> args`` when it was
     started with ``-m``, else its argv (``python`` first for a ``.py`` script); preceded by
@@ -161,7 +168,7 @@ def provenance() -> dict:
     digest of its source files (``source``), the machine and the command. Never raises: what
     cannot be found is None."""
     out = {"commit": None}
-    for key, fn in (("code", code_version), ("source", source_digest), ("machine", machine_record),
+    for key, fn in (("code", code_version), ("source", _source_digest_once), ("machine", machine_record),
                     ("command", command_line)):
         try:
             value = fn()
