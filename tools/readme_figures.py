@@ -91,9 +91,10 @@ PRODUCTS_PLAIN = "train_products-like_pipelines-793ab2a.json"
 
 def _products_plain(r):
     rec = r[PRODUCTS_PLAIN]
-    u, c, p, g = (epoch(rec, n) for n in ("unified", "cpu_centric", "pyg", "gpu_resident"))
+    order = ("unified", "cpu_centric", "pyg", "gpu_resident")
+    u, c, p, g = (epoch(rec, n) for n in order)
     by = {row["pipeline"]: row["test_acc"] for row in rec["rows"]}
-    acc = " / ".join(f"{by[n]:.4f}" for n in ("unified", "cpu_centric", "pyg", "gpu_resident"))
+    acc = " / ".join(f"{by[n]:.4f}" for n in order)
     return (f"{s(u, 2)} / {s(c, 2)} / {s(p, 1)} / {s(g, 2)} (unified {x(p / u, 1)} faster than PyG's loader); "
             f"test accuracy {acc}")
 
