@@ -1,6 +1,7 @@
 #include "UnifiedAllocator.h"
 
 #include "CudaRuntime.h"
+#include "DriverHostMemory.h"
 #include "HostRegistration.h"
 #include "Text.h"
 
@@ -33,7 +34,7 @@
 namespace c10::unified {
 
 struct Block {
-  enum Kind { kCached, kExact, kForeign };
+  enum Kind { kCached, kExact, kForeign, kDriver };
   Kind kind;
   void* ptr = nullptr;
   size_t size = 0;      // bytes mapped (capacity)
@@ -49,6 +50,7 @@ struct Block {
   std::vector<c10::Stream> streams; // streams that may still touch it
   uint64_t streams_generation = 0;  // fork_generation() when `streams` were recorded
   c10::Storage keep;                // foreign pages' owner
+  uint64_t driver_handle = 0;       // a driver block's allocation (DriverHostMemory.h)
 };
 
 namespace {
@@ -68,6 +70,7 @@ struct State {
   int64_t peak = 0;
   int64_t reserved = 0;
   int64_t foreign = 0;
+  int64_t driver = 0;
   int64_t active_blocks = 0;
   int64_t cached_blocks = 0;
   int64_t num_alloc = 0;
@@ -286,7 +289,12 @@ Block* take_large_locked(State& s, size_t nbytes) {
 
 void destroy_block(Block* b) {
   b->registration.reset(); // unregister before the pages go away
-  if (b->kind != Block::kForeign) {
+  if (b->kind == Block::kDriver) {
+    // The driver's mapping; a fork()ed child never had it (not inherited).
+    if (b->generation == fork_generation()) {
+      cuda::driver_host_free(cuda::DriverHostMapping{b->ptr, b->size, b->driver_handle, 0});
+    }
+  } else if (b->kind != Block::kForeign) {
     munmap(b->ptr, b->size);
   }
   if (b->fd >= 0) {
@@ -335,6 +343,8 @@ void map_block(Block* b) {
   if (b->mapped.load(std::memory_order_relaxed) && b->mapped_generation == gen) {
     return;
   }
+  TORCH_CHECK(b->kind != Block::kDriver, "torch_direct: driver-mapped unified memory is not "
+              "inherited by a fork()ed child; it is usable only in the process that allocated it");
   b->registration = register_host_range(b->ptr, b->size);
   void* dev = cuda::device_pointer(b->ptr);
   TORCH_CHECK(dev == b->ptr,
@@ -445,6 +455,9 @@ void UnifiedAllocator::raw_delete(void* ctx) {
     } else {
       s.allocated -= static_cast<int64_t>(b->requested);
     }
+    if (b->kind == Block::kDriver) {
+      s.driver -= static_cast<int64_t>(b->size);
+    }
     std::vector<void*> events;
     if (b->streams_generation != fork_generation()) {
       b->streams.clear(); // the parent's streams: a forked child cannot wait on them
@@ -501,6 +514,37 @@ c10::DataPtr UnifiedAllocator::alias_foreign(void* ptr, size_t nbytes, c10::Stor
   return c10::DataPtr(ptr, b, &UnifiedAllocator::raw_delete, unified_device());
 }
 
+c10::DataPtr UnifiedAllocator::allocate_driver_mapped(size_t nbytes) {
+  if (nbytes == 0) {
+    return c10::DataPtr(nullptr, unified_device());
+  }
+  cuda::DriverHostMapping m;
+  const std::string why = cuda::driver_host_alloc(nbytes, &m);
+  TORCH_CHECK(why.empty(), "torch_direct: cannot allocate ", num(nbytes), " bytes (", num(nbytes >> 20),
+              " MiB) of driver-mapped unified memory: ", why);
+  auto* b = new Block();
+  b->kind = Block::kDriver;
+  b->ptr = m.ptr;
+  b->size = m.size;
+  b->requested = nbytes;
+  b->driver_handle = m.handle;
+  b->generation = fork_generation();
+  b->epoch = g_forks.load();
+  b->mapped_generation = fork_generation(); // mapped for every GPU by the driver itself
+  b->mapped = true;
+  auto& s = state();
+  {
+    std::lock_guard<std::mutex> g(s.mutex);
+    s.reserved += static_cast<int64_t>(b->size);
+    s.driver += static_cast<int64_t>(b->size);
+    s.allocated += static_cast<int64_t>(nbytes);
+    s.peak = std::max(s.peak, s.allocated);
+    s.active_blocks += 1;
+    s.num_alloc += 1;
+  }
+  return c10::DataPtr(b->ptr, b, &UnifiedAllocator::raw_delete, unified_device());
+}
+
 c10::DataPtr UnifiedAllocator::import_shared(int fd, size_t nbytes) {
   struct stat st {};
   TORCH_CHECK(fstat(fd, &st) == 0, "torch_direct: cannot import shared unified memory: fstat: ",
@@ -547,6 +591,9 @@ std::pair<int, size_t> UnifiedAllocator::share(c10::StorageImpl* storage) {
     TORCH_CHECK(storage->nbytes() == 0, "torch_direct: this storage was not made by the unified allocator");
     return {-1, 0};
   }
+  TORCH_CHECK(b->kind != Block::kDriver,
+              "torch_direct: driver-mapped unified memory (torch_direct.driver_mapped) cannot be "
+              "shared with another process; share a copy made with .to('unified') instead");
   TORCH_CHECK(b->kind != Block::kForeign,
               "torch_direct: a tensor pinned in place (pin_inplace) aliases a CPU "
               "tensor's own memory and cannot be moved into shared memory without "
@@ -591,6 +638,13 @@ void* UnifiedAllocator::ensure_mapped(const c10::DataPtr& ptr) {
 
 void UnifiedAllocator::check_alive(const c10::DataPtr& ptr) const {
   Block* b = block_of(ptr);
+  if (b != nullptr && b->kind == Block::kDriver) {
+    TORCH_CHECK(b->generation == fork_generation(),
+                "torch_direct: driver-mapped unified memory is not inherited by a fork()ed child "
+                "(the driver maps it for its own process only); copy the tensor with "
+                ".to('unified') before forking, or read it in the parent");
+    return;
+  }
   if (b == nullptr || b->kind != Block::kForeign) {
     return;
   }
@@ -662,6 +716,7 @@ std::string UnifiedAllocator::kind_of(const c10::DataPtr& ptr) const {
     case Block::kCached: return "cached";
     case Block::kExact: return "exact";
     case Block::kForeign: return "foreign";
+    case Block::kDriver: return "driver";
   }
   return "";
 }
@@ -675,6 +730,7 @@ std::map<std::string, int64_t> UnifiedAllocator::stats() {
       {"allocated_bytes.peak", s.peak},
       {"reserved_bytes", s.reserved},
       {"pinned_in_place_bytes", s.foreign},
+      {"driver_mapped_bytes", s.driver},
       {"pinned_bytes", static_cast<int64_t>(registered_bytes())},
       {"pinned_registrations", static_cast<int64_t>(registration_count())},
       {"active_blocks", s.active_blocks},

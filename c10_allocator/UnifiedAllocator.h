@@ -54,6 +54,13 @@ class TORCH_DIRECT_ALLOCATOR_API UnifiedAllocator final : public c10::Allocator 
   // last alias dies.
   c10::DataPtr alias_foreign(void* ptr, size_t nbytes, c10::Storage keep);
 
+  // A unified block the CUDA driver allocates and maps itself, for the CPU
+  // and every GPU, at its own granularity (DriverHostMemory.h): far fewer
+  // address translations for random reads of a large table. Never cached,
+  // shared or inherited by a fork()ed child. Throws saying why the driver
+  // cannot make one.
+  c10::DataPtr allocate_driver_mapped(size_t nbytes);
+
   // A unified DataPtr over a shared-memory file received from another
   // process (the fd is duplicated; the caller keeps its own).
   c10::DataPtr import_shared(int fd, size_t nbytes);
@@ -83,7 +90,7 @@ class TORCH_DIRECT_ALLOCATOR_API UnifiedAllocator final : public c10::Allocator 
   // The CPU storage whose pages a foreign block aliases.
   c10::Storage foreign_owner(const c10::DataPtr& ptr) const;
 
-  // "cached", "exact", "foreign" or "" if `ptr` is not ours.
+  // "cached", "exact", "foreign", "driver" or "" if `ptr` is not ours.
   std::string kind_of(const c10::DataPtr& ptr) const;
   bool owns(const c10::DataPtr& ptr) const;
 

@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-fused-sms|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|papers-host|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-driver-pages|papers-fused-sms|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|papers-host|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -41,6 +41,10 @@
 #   each with the cached feature store's gather split, then in one pass (CACHED_GATHER_MODES,
 #   default "split fused"; CACHED_GATHER=split|fused sets it for any step); cached-gather-probe: the
 #   step-floor probe's parts on products-like with each form (CACHE_MB, default 384).
+# - papers-driver-pages: papers-cached-gather's fused run with the table on each of FEATURE_PAGES_LIST
+#   (default "small driver": `feature_pages=driver` puts it in memory the CUDA driver allocates and
+#   maps at its own granularity, torch_direct.driver_mapped; FEATURE_PAGES=small|huge|driver sets it
+#   for any step).
 # - papers-fused-sms: papers-cached-gather's fused run with `--gather-sms N` for each N of
 #   GATHER_SMS_LIST (default "66 33") and gather_kernel=rowblock (one block a row under the cap).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
@@ -97,8 +101,9 @@
 # - unified-probe: experiments/step_floor_probe.py on papers100M-like with --store unified (cache
 #   CACHE_MB), built-in layers, fp32, each sampler relabel (sort, hash), the table as FEATURE_DTYPE
 #   (default stored; fp8: float8 rows, with CACHE_MB for half of that table): the parts of a unified batch.
-# - hugepages: experiments/hugepage_gather_probe.py, 32 GB tables: random 256-byte rows from a
-#   unified table (4 KiB pages) and from one on transparent huge pages.
+# - hugepages: experiments/hugepage_gather_probe.py, TABLE_GB (default 32) GB tables: random 256-byte
+#   rows from a unified table (4 KiB pages), from one on transparent huge pages, and from memory the
+#   CUDA driver allocates and maps itself (CuPy's view, and torch_direct.driver_mapped).
 # - gather-probes: experiments/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
 #   then `bench gather` on a 32 GB table, 400K random indices, rows of 128-1024 B.
 # Everything is logged under $OUT; each step has its own time limit. A call that runs several
@@ -117,6 +122,12 @@ if [ -n "${CACHED_GATHER:-}" ]; then
   export TORCH_DIRECT_EXPERIMENTAL="${TORCH_DIRECT_EXPERIMENTAL:+$TORCH_DIRECT_EXPERIMENTAL,}cached_gather=$CACHED_GATHER"
 fi
 CG="${CACHED_GATHER:+_cached-$CACHED_GATHER}"
+# FEATURE_PAGES=small|huge|driver: where the unified feature store's table lives in every run of
+# the call (TORCH_DIRECT_EXPERIMENTAL=feature_pages=...); papers-graphed's records say it (_pages-<mode>).
+if [ -n "${FEATURE_PAGES:-}" ]; then
+  export TORCH_DIRECT_EXPERIMENTAL="${TORCH_DIRECT_EXPERIMENTAL:+$TORCH_DIRECT_EXPERIMENTAL,}feature_pages=$FEATURE_PAGES"
+fi
+CG="$CG${FEATURE_PAGES:+_pages-$FEATURE_PAGES}"
 
 build_pyg_wheels() {
   # Wheels fetched back from an earlier device run and carried in .whl/ are
@@ -336,6 +347,14 @@ case "$what" in
       CACHED_GATHER=$m GRAPHED_PIPELINES=unified PRECISION=${PRECISION:-bf16} GRAPH_BUFFERS=${GRAPH_BUFFERS:-2} \
         AHEAD=${AHEAD:-2} bash "$0" papers-graphed
     done ;;
+  papers-driver-pages)  # papers-cached-gather's fused run with the table on each of FEATURE_PAGES_LIST
+    # (default "small driver": the allocator's 4 KiB pages, then memory the CUDA driver allocates and
+    # maps at its own granularity, torch_direct.driver_mapped), so that the misses' random reads need
+    # fewer address translations
+    for pages in ${FEATURE_PAGES_LIST:-small driver}; do
+      FEATURE_PAGES=$pages CACHED_GATHER=fused GRAPHED_PIPELINES=unified PRECISION=${PRECISION:-bf16} \
+        GRAPH_BUFFERS=${GRAPH_BUFFERS:-2} AHEAD=${AHEAD:-2} bash "$0" papers-graphed
+    done ;;
   papers-fused-sms)  # papers-cached-gather's fused run with the gather capped to each of GATHER_SMS_LIST
     # SMs (default "66 33"), one block a row under the cap (gather_kernel=rowblock), so that the
     # sampling threads' and the step's kernels keep the other SMs
@@ -375,7 +394,7 @@ case "$what" in
       --profile-sample "$OUT/sample_profile.txt" --out "$OUT/unified_probe_papers100M-like.json" > "$OUT/unified_probe.log" 2>&1
     echo "unified-probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; grep -v Warn "$OUT/unified_probe.log" | tail -24 ;;
   hugepages)  # random rows from 4 KiB against 2 MiB pages (docs/gather.md)
-    timeout "${PROBE_LIMIT:-240}" python3 experiments/hugepage_gather_probe.py --table-gb "${TABLE_GB:-32}" \
+    timeout "${PROBE_LIMIT:-360}" python3 experiments/hugepage_gather_probe.py --table-gb "${TABLE_GB:-32}" \
       --out "$OUT/hugepage_gather_probe.json" > "$OUT/hugepages.log" 2>&1
     echo "hugepages: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -6 "$OUT/hugepages.log" ;;
   scaling) scaling ;;

@@ -12,6 +12,9 @@ between processes). This probe gathers the same random rows from:
   vmm_host  (GPU only, with CuPy) pinned host memory the CUDA driver allocates and maps itself
             (cuMemCreate with a host location), at its allocation granularity (2 MiB
             typically) whatever pages the kernel has: the driver's way to large mappings;
+  driver    (GPU only) the product's form of the same: ``torch_direct.driver_mapped`` (cuMemCreate
+            on the host's NUMA node, mapped for the CPU too), a unified table the product's
+            gather reads (the feature store's ``feature_pages=driver``);
 
 and reports the median time of each, rows per second and GB/s, and how much of the ``thp``
 table the kernel put on huge pages (AnonHugePages in /proc/meminfo: THP is a request the
@@ -185,8 +188,9 @@ def main(argv=None):
     print(f"hugepage_gather_probe: {rows} rows of {a.row_bytes} B ({rows * a.row_bytes / 1e9:.1f} GB), "
           f"{n} random rows a gather, {device}; THP {record['thp_setting']}; shared memory THP "
           f"{record['shmem_thp_setting']}", flush=True)
-    names = ("unified", "thp") + (("vmm_host",) if device.type == "cuda" else ())
-    record["skipped"] = {} if device.type == "cuda" else {"vmm_host": "needs a CUDA device"}
+    names = ("unified", "thp") + (("vmm_host", "driver") if device.type == "cuda" else ())
+    record["skipped"] = {} if device.type == "cuda" else {"vmm_host": "needs a CUDA device",
+                                                          "driver": "needs a CUDA device"}
     for name in names:
         t0 = time.perf_counter()
         release, huge_kb, entry, host = None, 0, {}, None
@@ -197,6 +201,8 @@ def main(argv=None):
             elif name == "thp":
                 host, huge_kb = thp_table(rows, cols)
                 table = torch_direct.pin_inplace(host)
+            elif name == "driver":
+                table = torch_direct.driver_mapped(torch.ones(1, cols).expand(rows, cols))
             else:
                 table, release, entry["granularity"] = vmm_host_table(rows, cols, device)
                 table.fill_(1.0)
@@ -231,6 +237,9 @@ def main(argv=None):
     u, h = record["tables"]["unified"], record["tables"]["thp"]
     record["thp_speedup"] = u["median_s"] / h["median_s"]
     print(f"  thp / unified speed: {record['thp_speedup']:.2f}x")
+    if "driver" in record["tables"]:
+        record["driver_speedup"] = u["median_s"] / record["tables"]["driver"]["median_s"]
+        print(f"  driver / unified speed: {record['driver_speedup']:.2f}x")
     if "vmm_host" in record["tables"]:
         record["vmm_host_speedup_index_select"] = (u["index_select"]["median_s"]
                                                    / record["tables"]["vmm_host"]["index_select"]["median_s"])

@@ -260,7 +260,7 @@ class TestFeatureStores(TestCase):
             plain = make_feature_store("unified", x, "cpu", scale=sc)
             self.assertEqual(store.gather(self.idx), plain.gather(self.idx), atol=0, rtol=0)
         with torch_direct.experimental(feature_pages="giant"):
-            with self.assertRaisesRegex(ValueError, "feature_pages must be small or huge, not 'giant'"):
+            with self.assertRaisesRegex(ValueError, "feature_pages must be small, huge or driver, not 'giant'"):
                 make_feature_store("unified", self.x, "cpu")
 
     @unittest.skipIf(HAS_GPU, "checks the CPU-only message")

@@ -224,13 +224,18 @@ class TestTrain(TestCase):
                 self.assertIn(msg, err.getvalue())
                 self.assertEqual(err.getvalue().count("\n"), 1, err.getvalue())  # one line
             self.assertFalse(os.path.exists(empty_root))  # nothing generated for a refused run
-            with torch_direct.experimental(feature_pages="big"):   # an experimental setting, checked first too
-                err = io.StringIO()
-                with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                    code = main(["train", "--root", empty_root, *FAST])
-            self.assertEqual(code, 2)
-            self.assertIn("feature_pages must be small or huge, not 'big'", err.getvalue())
-            self.assertFalse(os.path.exists(empty_root))
+            # experimental settings, checked first too (driver pages need a GPU)
+            refused = [("big", "feature_pages must be small, huge or driver, not 'big'")]
+            if not torch_direct.cuda_available():
+                refused.append(("driver", "feature_pages=driver needs a CUDA GPU"))
+            for pages, msg in refused:
+                with torch_direct.experimental(feature_pages=pages):
+                    err = io.StringIO()
+                    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                        code = main(["train", "--root", empty_root, *FAST])
+                self.assertEqual(code, 2)
+                self.assertIn(msg, err.getvalue())
+                self.assertFalse(os.path.exists(empty_root))
 
     def test_test_nodes_is_a_fixed_subset(self):
         test = self.ds.split["test"]

@@ -212,6 +212,32 @@ def pin_inplace(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def driver_mapped(t: torch.Tensor) -> torch.Tensor:
+    """A unified copy of ``t`` in pinned host memory that the CUDA driver allocates and maps
+    itself, for the CPU and every GPU at one address, in pieces of its allocation granularity
+    (2 MiB where the driver says so) rather than the kernel's 4 KiB pages.
+
+    A GPU reading random rows of a large table pays one address translation per page the
+    rows fall in; on 2 MiB pieces a table needs 512 times fewer. Otherwise the result is an
+    ordinary unified tensor (CPU code and GPU kernels read and write it in place), except that
+    it cannot be shared with another process or used in a ``fork()``ed child (clear errors),
+    and it is never cached: its memory returns to the driver when the last reference goes.
+
+    Needs a CUDA GPU whose driver makes host NUMA allocations through its virtual memory
+    management (CUDA 12.2 or later); RuntimeError saying why otherwise. ``t`` is any strided
+    CPU, unified or CUDA tensor; it is left as it is.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"driver_mapped() expects a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"driver_mapped() expects a strided tensor, got layout {t.layout}")
+    if VEHICLE == "fork":
+        raise RuntimeError("driver_mapped() is part of the torch_direct extension; this torch wheel "
+                           "has the unified device natively and does not bind it yet")
+    out = _C._driver_mapped_empty(list(t.shape), torch.empty(0, dtype=t.dtype))
+    return out.copy_(t.detach())
+
+
 def memory_stats() -> "OrderedDict[str, int]":
     """Counters of the unified allocator.
 

@@ -30,9 +30,11 @@ SETTINGS = {
     "sampler_waits": "default | fewer: fewer = one host wait per hop in the GPU sampler instead of two",
     "sampler_relabel": "hash | sort: sort = the GPU sampler numbers each hop's new nodes by sorting them "
                        "instead of through a hash table (the same numbering; default: hash)",
-    "feature_pages": "small | huge: huge = the GNN stack's unified feature store copies its table into anonymous "
-                     "memory advised MADV_HUGEPAGE (transparent huge pages) and pins it in place, instead of "
-                     "unified memory on small pages (not shareable between processes)",
+    "feature_pages": "small | huge | driver: huge = the GNN stack's unified feature store copies its table into "
+                     "anonymous memory advised MADV_HUGEPAGE (transparent huge pages) and pins it in place; "
+                     "driver = into memory the CUDA driver allocates and maps itself at its own granularity "
+                     "(torch_direct.driver_mapped; needs a GPU), instead of unified memory on small pages "
+                     "(neither is shareable between processes)",
     "cached_gather": "fused | split: split = the GNN stack's cached feature store gathers a batch as a lookup, "
                      "a wait for the misses' count, a gather of each part and a scatter (default: fused: hits "
                      "from its GPU cache and misses from the table in one kernel, without waiting for the device)",

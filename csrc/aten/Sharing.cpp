@@ -41,6 +41,22 @@ at::Tensor pin_inplace(const at::Tensor& t) {
   return unified_over(std::move(us), t, t.dtype());
 }
 
+at::Tensor driver_mapped_empty(at::IntArrayRef sizes, const at::Tensor& like) {
+  TORCH_CHECK(like.defined(), "driver_mapped_empty: the dtype template is undefined");
+  int64_t numel = 1;
+  for (int64_t n : sizes) {
+    TORCH_CHECK(n >= 0, "driver_mapped_empty: sizes must be non-negative, got ", sizes);
+    numel *= n;
+  }
+  const size_t nbytes = static_cast<size_t>(numel) * like.element_size();
+  c10::DataPtr dp = alloc::get_allocator()->allocate_driver_mapped(nbytes);
+  c10::Storage us(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), nullptr, false);
+  at::Tensor u = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(us), c10::DispatchKeySet(alloc::kUnifiedDispatchKey), like.dtype());
+  u.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return u;
+}
+
 at::Tensor pinned_owner(const at::Tensor& u) {
   TORCH_CHECK(is_unified(u), "expected a unified tensor");
   c10::Storage owner = alloc::get_allocator()->foreign_owner(u.storage().data_ptr());

@@ -21,6 +21,12 @@ namespace at::native::unified {
 // now and unregistered when the last alias dies; t keeps them alive.
 TORCH_DIRECT_ATEN_API at::Tensor pin_inplace(const at::Tensor& t);
 
+// An uninitialized contiguous unified tensor of `sizes` and like's dtype in
+// memory the CUDA driver allocates and maps itself (c10_allocator/
+// DriverHostMemory.h): fewer address translations for a GPU's random reads.
+// Throws saying why where the driver cannot (no GPU, no host NUMA support).
+TORCH_DIRECT_ATEN_API at::Tensor driver_mapped_empty(at::IntArrayRef sizes, const at::Tensor& like);
+
 // The CPU tensor whose pages a pin_inplace() alias `u` maps, with u's geometry.
 TORCH_DIRECT_ATEN_API at::Tensor pinned_owner(const at::Tensor& u);
 

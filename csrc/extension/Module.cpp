@@ -81,6 +81,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // binds the same in torch._C._unified).
   m.def("_pin_inplace", &at::native::unified::pin_inplace);
   m.def("_pinned_owner", &at::native::unified::pinned_owner);
+  m.def("_driver_mapped_empty", [](std::vector<int64_t> sizes, const at::Tensor& like) {
+    return at::native::unified::driver_mapped_empty(sizes, like);
+  });
   m.def("_share", &share);
   m.def("_from_shared", &at::native::unified::from_shared);
   m.def("_block_kind", &at::native::unified::block_kind);

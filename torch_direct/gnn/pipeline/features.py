@@ -39,7 +39,7 @@ from contextlib import nullcontext
 import torch
 
 import torch_direct
-from .pages import feature_pages, huge_page_table
+from .pages import feature_pages, table_on_pages
 
 KINDS = ("unified", "cpu_centric", "gpu_resident")
 FP8 = torch.float8_e4m3fn
@@ -201,10 +201,8 @@ class UnifiedFeatureStore(FeatureStore):
             self.table = x
         elif pin_inplace:
             self.table = torch_direct.pin_inplace(x.contiguous())
-        elif feature_pages() == "huge":
-            self.table = huge_page_table(x)
         else:
-            self.table = x.contiguous().to("unified")
+            self.table = table_on_pages(x, feature_pages())
         # the scales (4 bytes a row) sit in the device's memory, read by the gather kernel; their
         # host copy serves gathers onto the CPU
         self.scale_host = None if scale is None else _host(scale)

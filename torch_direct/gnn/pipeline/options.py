@@ -204,8 +204,13 @@ def uses_gpu_sampler(args, cuda: bool) -> bool:
 def check_options(args, device) -> None:
     """Refuse, before any data is loaded, options that contradict each other or ``device``
     (one line each, naming the option)."""
+    import torch_direct
+
     from .pages import feature_pages
-    feature_pages()   # an experimental feature_pages setting that is neither small nor huge
+    pages = feature_pages()   # refuses a setting that is not one of its pages
+    if pages == "driver" and (torch.device(device).type != "cuda" or not torch_direct.cuda_available()):
+        raise ValueError("TORCH_DIRECT_EXPERIMENTAL: feature_pages=driver needs a CUDA GPU (the driver "
+                         f"allocates and maps the table), and this run's device is {device}")
     eval_fanouts = args.eval_fanouts or [20] * len(args.fanouts)
     if len(eval_fanouts) != len(args.fanouts):
         raise ValueError(f"--eval-fanouts has {len(eval_fanouts)} entries, --fanouts {len(args.fanouts)}: "

@@ -1,5 +1,7 @@
 """Where the unified feature store's table lives: small pages (the allocator's unified memory,
-shareable between processes) or transparent huge pages (``TORCH_DIRECT_EXPERIMENTAL=feature_pages=huge``)."""
+shareable between processes), transparent huge pages (``TORCH_DIRECT_EXPERIMENTAL=feature_pages=huge``)
+or memory the CUDA driver allocates and maps itself at its own granularity
+(``feature_pages=driver``, :func:`torch_direct.driver_mapped`)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,14 @@ import torch
 import torch_direct
 
 
+PAGES = ("small", "huge", "driver")
+
+
 def feature_pages() -> str:
-    """The experimental setting feature_pages: "small" (unset: the default) or "huge"."""
+    """The experimental setting feature_pages: "small" (unset: the default), "huge" or "driver"."""
     pages = torch_direct.experimental_setting("feature_pages") or "small"
-    if pages not in ("small", "huge"):
-        raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: feature_pages must be small or huge, not {pages!r}")
+    if pages not in PAGES:
+        raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: feature_pages must be small, huge or driver, not {pages!r}")
     return pages
 
 
@@ -40,3 +45,12 @@ def huge_page_table(x: torch.Tensor) -> torch.Tensor:
     host = huge_page_bytes(nbytes).view(x.dtype).view(x.shape)
     host.copy_(x)
     return torch_direct.pin_inplace(host)
+
+
+def table_on_pages(x: torch.Tensor, pages: str) -> torch.Tensor:
+    """A unified copy of ``x`` on ``pages`` (one of :data:`PAGES`)."""
+    if pages == "huge":
+        return huge_page_table(x)
+    if pages == "driver":
+        return torch_direct.driver_mapped(x)
+    return x.contiguous().to("unified")
