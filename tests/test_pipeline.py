@@ -259,6 +259,13 @@ class TestFeatureStores(TestCase):
             self.assertEqual(store.table.cpu().view(torch.uint8), x.view(torch.uint8))
             plain = make_feature_store("unified", x, "cpu", scale=sc)
             self.assertEqual(store.gather(self.idx), plain.gather(self.idx), atol=0, rtol=0)
+        # a table already in unified memory (train's float8 table is made there) moves too
+        u = self.x.to("unified")
+        with torch_direct.experimental(feature_pages="huge"):
+            store = make_feature_store("unified", u, "cpu")
+        self.assertNotEqual(store.table.data_ptr(), u.data_ptr())
+        self.assertEqual(store.table.cpu(), self.x, atol=0, rtol=0)
+        self.assertEqual(make_feature_store("unified", u, "cpu").table.data_ptr(), u.data_ptr())
         with torch_direct.experimental(feature_pages="giant"):
             with self.assertRaisesRegex(ValueError, "feature_pages must be small, huge or driver, not 'giant'"):
                 make_feature_store("unified", self.x, "cpu")

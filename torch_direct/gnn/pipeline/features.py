@@ -197,12 +197,13 @@ class UnifiedFeatureStore(FeatureStore):
             raise ValueError("UnifiedFeatureStore: cpu_threads (the hybrid gather) does not apply to a float8 table")
         self.max_sms = max_sms
         self.cpu_threads = cpu_threads if self.device.type == "cuda" else 0  # the CPU path has no GPU share
-        if x.device.type == "unified":
+        pages = feature_pages()
+        if x.device.type == "unified" and (pages == "small" or pin_inplace):
             self.table = x
         elif pin_inplace:
             self.table = torch_direct.pin_inplace(x.contiguous())
-        else:
-            self.table = table_on_pages(x, feature_pages())
+        else:   # a unified table too (a float8 one made in unified memory) moves to those pages
+            self.table = table_on_pages(x, pages)
         # the scales (4 bytes a row) sit in the device's memory, read by the gather kernel; their
         # host copy serves gathers onto the CPU
         self.scale_host = None if scale is None else _host(scale)
