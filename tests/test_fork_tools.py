@@ -397,6 +397,13 @@ except AttributeError as e:
     assert "fork wheel" in str(e), e
 else:
     raise AssertionError("an extension-only name resolved on the fork")
+# A fork wheel built before driver_mapped was bound (this stand-in binds no _driver_mapped_empty)
+try:
+    torch_direct.driver_mapped(torch.zeros(2))
+except RuntimeError as e:
+    assert "older than it" in str(e), e
+else:
+    raise AssertionError("driver_mapped ran without the fork's binding")
 print("fork-ok")
 """
 

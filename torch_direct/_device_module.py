@@ -85,6 +85,12 @@ def pin_inplace(t):
     return pin(t)
 
 
+def driver_mapped(t):
+    from . import driver_mapped as mapped
+
+    return mapped(t)
+
+
 class device:
     """Context manager selecting the unified device (there is only index 0)."""
 
