@@ -68,16 +68,11 @@ class _ForkC(types.ModuleType):
                "_claimed_structured_ops", "_claimed_sparse_ops", "_claimed_autograd_ops")
     # Bound by the fork only when it is built with CUDA (USE_CUDA; patch 0006).
     _NATIVE_CUDA = ("_gather_rows_cuda", "_gather_rows_scaled_cuda", "_gather_rows_hybrid", "_hybrid_cpu_fraction")
-    # Bound by fork wheels built since these names were added to patch 0006.
-    _NATIVE_LATER = ("_driver_mapped_empty",)
 
     def __init__(self, native):
         super().__init__(__name__.rpartition(".")[0] + "._C")
         for name in self._NATIVE:
             setattr(self, name, getattr(native, name))
-        for name in self._NATIVE_LATER:
-            if hasattr(native, name):
-                setattr(self, name, getattr(native, name))
         self._cuda_gather = all(hasattr(native, name) for name in self._NATIVE_CUDA)
         if self._cuda_gather:
             for name in self._NATIVE_CUDA:
@@ -236,9 +231,12 @@ def driver_mapped(t: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"driver_mapped() expects a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
         raise TypeError(f"driver_mapped() expects a strided tensor, got layout {t.layout}")
-    if not hasattr(_C, "_driver_mapped_empty"):   # a fork wheel built before it was bound
-        raise RuntimeError("driver_mapped(): this torch wheel was built from a fork older than it; "
-                           "rebuild the wheel (build_scripts/build_wheel)")
+    if VEHICLE == "fork":
+        native = getattr(getattr(torch, "unified", None), "driver_mapped", None)
+        if native is None:   # a fork wheel built before patch 0006 gave it
+            raise RuntimeError("driver_mapped(): this torch wheel was built from a fork older than it; "
+                               "rebuild the wheel (build_scripts/build_wheel)")
+        return native(t)
     out = _C._driver_mapped_empty(list(t.shape), torch.empty(0, dtype=t.dtype))
     return out.copy_(t.detach())
 
