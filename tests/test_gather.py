@@ -584,6 +584,10 @@ class TestGatherKernelCUDA(TestCase):
 
     def _sleep_cycles(self, seconds: float) -> int:
         """torch.cuda._sleep's argument for about ``seconds`` of GPU time on this GPU."""
+        # A first launch loads the kernel's module (lazy loading) between the two events, which
+        # would make the cycles look slow and the sleeps below far shorter than asked.
+        torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         torch.cuda._sleep(10**7)
