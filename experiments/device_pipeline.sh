@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-driver-pages|papers-fused-sms|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|papers-host|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-driver-pages|papers-reorder|papers-fused-sms|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|papers-host|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -45,6 +45,10 @@
 #   (default "small driver": `feature_pages=driver` puts it in memory the CUDA driver allocates and
 #   maps at its own granularity, torch_direct.driver_mapped; FEATURE_PAGES=small|huge|driver sets it
 #   for any step).
+# - papers-reorder: papers-cached-gather's run (CACHED_GATHER, default split) with the nodes in each
+#   order of REORDER_LIST (default "none frequency": `--reorder frequency`, hottest rows first, so
+#   that a cache's misses fall in the table's cold half; REORDER=degree|frequency sets it for any
+#   papers-graphed run).
 # - papers-fused-sms: papers-cached-gather's fused run with `--gather-sms N` for each N of
 #   GATHER_SMS_LIST (default "66 33") and gather_kernel=rowblock (one block a row under the cap).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
@@ -103,7 +107,9 @@
 #   (default stored; fp8: float8 rows, with CACHE_MB for half of that table): the parts of a unified batch.
 # - hugepages: experiments/hugepage_gather_probe.py, TABLE_GB (default 32) GB tables: random 256-byte
 #   rows from a unified table (4 KiB pages), from one on transparent huge pages, and from memory the
-#   CUDA driver allocates and maps itself (CuPy's view, and torch_direct.driver_mapped).
+#   CUDA driver allocates and maps itself (CuPy's view, and torch_direct.driver_mapped); PROBE_TABLES
+#   (comma-separated) picks tables, SPANS (GB, comma-separated) adds random rows from the unified
+#   table's first SPAN GB only.
 # - gather-probes: experiments/hybrid_probe.py (the hybrid's CPU share, fixed and chosen, rows of 128-1024 B),
 #   then `bench gather` on a 32 GB table, 400K random indices, rows of 128-1024 B.
 # Everything is logged under $OUT; each step has its own time limit. A call that runs several
@@ -176,8 +182,8 @@ papers_data_once() {  # generated once a machine
 papers_graphed() {  # papers-graphed (its options in the environment, as the header says)
   papers_data_once
   local common fd tag threads p
-  common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32} --step-priority ${STEP_PRIORITY:-normal}"
-  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG${GATHER_SMS:+_gather-sms$GATHER_SMS}
+  common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32} --step-priority ${STEP_PRIORITY:-normal} --reorder ${REORDER:-none}"
+  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG${GATHER_SMS:+_gather-sms$GATHER_SMS}${REORDER:+_reorder-$REORDER}
   # the hybrid gather's CPU threads (GATHER_THREADS, default 12; none with float8 rows, scaled in
   # the GPU kernel, nor with the one-pass cached gather, which reads every miss on the GPU)
   threads="--gather-cpu-threads ${GATHER_THREADS:-12}"
@@ -355,6 +361,14 @@ case "$what" in
       FEATURE_PAGES=$pages CACHED_GATHER=fused GRAPHED_PIPELINES=unified PRECISION=${PRECISION:-bf16} \
         GRAPH_BUFFERS=${GRAPH_BUFFERS:-2} AHEAD=${AHEAD:-2} bash "$0" papers-graphed
     done ;;
+  papers-reorder)  # papers-cached-gather's unified run (CACHED_GATHER, default split: 12 CPU threads take
+    # a share of the misses) with the nodes in each order of REORDER_LIST (default "none frequency"):
+    # hottest rows first, the cache's misses fall in the table's cold half, a narrower span of
+    # addresses, which the GPU reads faster (hugepages with SPANS)
+    for order in ${REORDER_LIST:-none frequency}; do
+      REORDER=$order CACHED_GATHER=${CACHED_GATHER:-split} GRAPHED_PIPELINES=unified PRECISION=${PRECISION:-bf16} \
+        GRAPH_BUFFERS=${GRAPH_BUFFERS:-2} AHEAD=${AHEAD:-2} bash "$0" papers-graphed
+    done ;;
   papers-fused-sms)  # papers-cached-gather's fused run with the gather capped to each of GATHER_SMS_LIST
     # SMs (default "66 33"), one block a row under the cap (gather_kernel=rowblock), so that the
     # sampling threads' and the step's kernels keep the other SMs
@@ -395,6 +409,7 @@ case "$what" in
     echo "unified-probe: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; grep -v Warn "$OUT/unified_probe.log" | tail -24 ;;
   hugepages)  # random rows from 4 KiB against 2 MiB pages (docs/gather.md)
     timeout "${PROBE_LIMIT:-360}" python3 experiments/hugepage_gather_probe.py --table-gb "${TABLE_GB:-32}" \
+      ${PROBE_TABLES:+--tables $PROBE_TABLES} ${SPANS:+--spans $SPANS} \
       --out "$OUT/hugepage_gather_probe.json" > "$OUT/hugepages.log" 2>&1
     echo "hugepages: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; tail -6 "$OUT/hugepages.log" ;;
   scaling) scaling ;;

@@ -22,7 +22,13 @@ kernel may refuse). Each table is read by ``torch_direct.gather`` (the product's
 on a GPU, by ``torch.index_select`` over a CUDA view of it (the one kernel all three can use).
 On the CPU it runs as a check of the tool, not a measurement.
 
+``--spans 1,4,14`` also times, on the unified table, the same number of random rows drawn from
+its first 1, 4 and 14 GB only: whether the rate follows the span of addresses the rows fall in
+(what a table ordered by access frequency would narrow for a cache's misses) rather than the
+table's size. ``--tables`` picks the tables (default: all of them).
+
     python experiments/hugepage_gather_probe.py --table-gb 16 --out hugepages.json
+    python experiments/hugepage_gather_probe.py --table-gb 28 --tables unified --spans 1,4,14
 """
 import argparse
 import statistics
@@ -44,6 +50,7 @@ THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 # Whether shared memory (the allocator's memfd blocks) may take huge pages at all: "never" leaves
 # anonymous memory as the only way to them.
 SHMEM_THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+TABLES = ("unified", "thp", "vmm_host", "driver")
 
 
 def parse(argv=None):
@@ -55,7 +62,24 @@ def parse(argv=None):
     p.add_argument("--repeats", type=int, default=10, help="timed gathers per table (default: %(default)s)")
     p.add_argument("--device", default=None, help="cuda[:k] or cpu (default: cuda when usable)")
     p.add_argument("--out", type=Path, default=None, help="write the JSON record here")
+    p.add_argument("--tables", default=",".join(TABLES),
+                   help="comma-separated tables to time, of " + ", ".join(TABLES) + " (default: all)")
+    p.add_argument("--spans", default="",
+                   help="comma-separated GB: random rows from the unified table's first SPAN GB only "
+                        "(default: none)")
     a = p.parse_args(argv)
+    a.tables = [t.strip() for t in a.tables.split(",") if t.strip()]
+    bad = [t for t in a.tables if t not in TABLES]
+    if bad or not a.tables:
+        p.error(f"--tables takes names of {', '.join(TABLES)}, got {bad or 'none'}")
+    try:
+        a.spans = [float(x) for x in a.spans.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--spans takes comma-separated numbers of GB, got {a.spans!r}")
+    if any(x <= 0 or x > a.table_gb for x in a.spans):
+        p.error(f"--spans must lie in (0, --table-gb = {a.table_gb}], got {a.spans}")
+    if a.spans and "unified" not in a.tables:
+        p.error("--spans times the unified table: keep unified in --tables")
     if a.table_gb <= 0:
         p.error(f"--table-gb must be positive, got {a.table_gb}")
     if a.row_bytes <= 0 or a.row_bytes % 4:
@@ -188,9 +212,9 @@ def main(argv=None):
     print(f"hugepage_gather_probe: {rows} rows of {a.row_bytes} B ({rows * a.row_bytes / 1e9:.1f} GB), "
           f"{n} random rows a gather, {device}; THP {record['thp_setting']}; shared memory THP "
           f"{record['shmem_thp_setting']}", flush=True)
-    names = ("unified", "thp") + (("vmm_host", "driver") if device.type == "cuda" else ())
-    record["skipped"] = {} if device.type == "cuda" else {"vmm_host": "needs a CUDA device",
-                                                          "driver": "needs a CUDA device"}
+    gpu_only = ("vmm_host", "driver")
+    names = [t for t in a.tables if device.type == "cuda" or t not in gpu_only]
+    record["skipped"] = {t: "needs a CUDA device" for t in a.tables if t not in names}
     for name in names:
         t0 = time.perf_counter()
         release, huge_kb, entry, host = None, 0, {}, None
@@ -220,6 +244,17 @@ def main(argv=None):
             entry["index_select"] = rates(timed(lambda: torch.index_select(view, 0, index), device, a.repeats),
                                           n, a.row_bytes)
             del view
+        if name == "unified" and a.spans:   # the same number of rows, from the first SPAN GB only
+            entry["spans"] = {}
+            for span in a.spans:
+                span_rows = max(1, min(rows, int(span * 1e9) // a.row_bytes))
+                idx = torch.randint(0, span_rows, (n,), generator=torch.Generator().manual_seed(1)).to(device)
+                out = torch.empty(n, cols, device=device)
+                got = rates(timed(lambda: torch_direct.gather(table, idx, out=out), device, a.repeats),
+                            n, a.row_bytes)
+                entry["spans"][f"{span:g}"] = got
+                print(f"  unified, rows from the first {span:g} GB: {got['median_s'] * 1e3:8.3f} ms  "
+                      f"{got['Mrows_per_s']:7.1f} M rows/s  {got['GBps']:6.2f} GB/s", flush=True)
         entry["huge_page_kb"] = huge_kb
         entry["huge_page_share"] = huge_kb * 1024 / (rows * cols * 4)
         record["tables"][name] = entry
@@ -234,9 +269,12 @@ def main(argv=None):
             release()
         if a.out:
             write_record(a.out, record)
-    u, h = record["tables"]["unified"], record["tables"]["thp"]
-    record["thp_speedup"] = u["median_s"] / h["median_s"]
-    print(f"  thp / unified speed: {record['thp_speedup']:.2f}x")
+    u = record["tables"].get("unified")
+    if u is None:
+        return finish(a.out, record)
+    if "thp" in record["tables"]:
+        record["thp_speedup"] = u["median_s"] / record["tables"]["thp"]["median_s"]
+        print(f"  thp / unified speed: {record['thp_speedup']:.2f}x")
     if "driver" in record["tables"]:
         record["driver_speedup"] = u["median_s"] / record["tables"]["driver"]["median_s"]
         print(f"  driver / unified speed: {record['driver_speedup']:.2f}x")
