@@ -48,7 +48,8 @@
 # - papers-reorder: papers-cached-gather's run (CACHED_GATHER, default split) with the nodes in each
 #   order of REORDER_LIST (default "none frequency": `--reorder frequency`, hottest rows first, so
 #   that a cache's misses fall in the table's cold half; REORDER=degree|frequency sets it for any
-#   papers-graphed run).
+#   papers-graphed run; HYBRID_SPLIT=address for any step: the CPU threads take each gather's
+#   farthest rows, the GPU the nearer ones).
 # - papers-fused-sms: papers-cached-gather's fused run with `--gather-sms N` for each N of
 #   GATHER_SMS_LIST (default "66 33") and gather_kernel=rowblock (one block a row under the cap).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
@@ -134,6 +135,12 @@ if [ -n "${FEATURE_PAGES:-}" ]; then
   export TORCH_DIRECT_EXPERIMENTAL="${TORCH_DIRECT_EXPERIMENTAL:+$TORCH_DIRECT_EXPERIMENTAL,}feature_pages=$FEATURE_PAGES"
 fi
 CG="$CG${FEATURE_PAGES:+_pages-$FEATURE_PAGES}"
+# HYBRID_SPLIT=index|address: which rows the hybrid gather's CPU threads take in every run of the
+# call (TORCH_DIRECT_EXPERIMENTAL=hybrid_split=...); papers-graphed's records say it (_split-<mode>).
+if [ -n "${HYBRID_SPLIT:-}" ]; then
+  export TORCH_DIRECT_EXPERIMENTAL="${TORCH_DIRECT_EXPERIMENTAL:+$TORCH_DIRECT_EXPERIMENTAL,}hybrid_split=$HYBRID_SPLIT"
+fi
+CG="$CG${HYBRID_SPLIT:+_split-$HYBRID_SPLIT}"
 
 build_pyg_wheels() {
   # Wheels fetched back from an earlier device run and carried in .whl/ are

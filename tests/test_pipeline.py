@@ -270,6 +270,18 @@ class TestFeatureStores(TestCase):
             with self.assertRaisesRegex(ValueError, "feature_pages must be small, huge or driver, not 'giant'"):
                 make_feature_store("unified", self.x, "cpu")
 
+    def test_hybrid_split_setting(self):
+        # hybrid_split=address changes only which rows a hybrid gather's CPU threads take (GPU
+        # only): on the CPU the same rows, and a value that is not a split is refused.
+        with torch_direct.experimental(hybrid_split="address"):
+            store = make_feature_store("unified", self.x, "cpu", cpu_threads=2)
+            self.assertEqual(store.hybrid_split, "address")
+            self.assertEqual(store.gather(self.idx), self.x[self.idx])
+        self.assertEqual(make_feature_store("unified", self.x, "cpu").hybrid_split, "index")
+        with torch_direct.experimental(hybrid_split="nearest"):
+            with self.assertRaisesRegex(ValueError, "hybrid_split must be index or address, not 'nearest'"):
+                make_feature_store("unified", self.x, "cpu")
+
     @unittest.skipIf(HAS_GPU, "checks the CPU-only message")
     def test_cuda_device_without_gpu(self):
         with self.assertRaisesRegex(RuntimeError, "no usable CUDA GPU"):
@@ -339,16 +351,22 @@ class TestFeatureStores(TestCase):
     def test_hybrid_gathers_keep_rows(self):
         # CPU threads take a share of each gather (with and without the cache, with a cast from
         # fp16 done on the GPU after the hybrid gather): the same rows.
+        # Each split: the CPU threads on the first part of the index as it comes, or on the
+        # farthest rows (hybrid_split=address, the index sorted and the rows put back).
         idx = torch.randint(0, 500, (3000,)).cuda()
         half = self.x.half()
-        for kw in ({}, {"cache_bytes": 100 * 12 * 2, "degree": torch.arange(500)}):
-            for x, dtype in ((self.x, None), (half, torch.float32)):
-                store = make_feature_store("unified", x, "cuda", dtype, cpu_threads=2, **kw)
-                self.assertEqual(store.stats()["cpu_threads"], 2)
-                for _ in range(3):   # the first calls at the default share, then measured ones
-                    got = store.gather(idx)
-                    self.assertEqual(got.dtype, dtype or x.dtype)
-                    self.assertEqual(got.cpu(), x[idx.cpu()].to(got.dtype), msg=str((kw.keys(), x.dtype)))
+        for split in ("index", "address"):
+            for kw in ({}, {"cache_bytes": 100 * 12 * 2, "degree": torch.arange(500)}):
+                for x, dtype in ((self.x, None), (half, torch.float32)):
+                    with torch_direct.experimental(hybrid_split=split):
+                        store = make_feature_store("unified", x, "cuda", dtype, cpu_threads=2, **kw)
+                    self.assertEqual(getattr(store, "store", store).hybrid_split, split)  # under a cache too
+                    self.assertEqual(store.stats()["cpu_threads"], 2)
+                    for _ in range(3):   # the first calls at the default share, then measured ones
+                        got = store.gather(idx)
+                        self.assertEqual(got.dtype, dtype or x.dtype)
+                        self.assertEqual(got.cpu(), x[idx.cpu()].to(got.dtype), msg=str((split, kw.keys(), x.dtype)))
+                    self.assertEqual(store.gather(idx[:0]).shape, (0, x.shape[1]))
 
     @requires_gpu
     def test_fp8_tables_on_the_gpu(self):

@@ -228,8 +228,9 @@ class TestTrain(TestCase):
             refused = [("big", "feature_pages must be small, huge or driver, not 'big'")]
             if not torch_direct.cuda_available():
                 refused.append(("driver", "feature_pages=driver needs a CUDA GPU"))
+            refused.append(({"hybrid_split": "nearest"}, "hybrid_split must be index or address, not 'nearest'"))
             for pages, msg in refused:
-                with torch_direct.experimental(feature_pages=pages):
+                with torch_direct.experimental(**(pages if isinstance(pages, dict) else {"feature_pages": pages})):
                     err = io.StringIO()
                     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
                         code = main(["train", "--root", empty_root, *FAST])

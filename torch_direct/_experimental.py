@@ -38,6 +38,10 @@ SETTINGS = {
     "cached_gather": "fused | split: split = the GNN stack's cached feature store gathers a batch as a lookup, "
                      "a wait for the misses' count, a gather of each part and a scatter (default: fused: hits "
                      "from its GPU cache and misses from the table in one kernel, without waiting for the device)",
+    "hybrid_split": "index | address: address = the GNN stack's unified feature store, gathering with CPU threads "
+                    "(train --gather-cpu-threads), sorts each gather's rows farthest first, so that the CPU "
+                    "threads take the rows at the table's far end and the GPU reads the rest, a narrower span "
+                    "of addresses (default: index: the CPU threads take the first part of the index as it comes)",
 }
 
 

@@ -34,6 +34,7 @@ constexpr const char* kSettings[] = {
     "sampler_relabel",      // sort | hash: how the GPU sampler numbers a hop's new nodes
     "feature_pages",        // small | huge: the GNN feature store's table pages (read in Python)
     "cached_gather",        // split | fused: the GNN feature store's cached gather (read in Python)
+    "hybrid_split",         // index | address: which rows a hybrid feature gather's CPU threads take (Python)
 };
 
 [[maybe_unused]] bool known(const std::string& name) {

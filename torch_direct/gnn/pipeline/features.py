@@ -41,6 +41,16 @@ import torch
 import torch_direct
 from .pages import feature_pages, table_on_pages
 
+HYBRID_SPLITS = ("index", "address")
+
+
+def hybrid_split() -> str:
+    """The experimental setting hybrid_split: "index" (unset: the default) or "address"."""
+    split = torch_direct.experimental_setting("hybrid_split") or "index"
+    if split not in HYBRID_SPLITS:
+        raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: hybrid_split must be index or address, not {split!r}")
+    return split
+
 KINDS = ("unified", "cpu_centric", "gpu_resident")
 FP8 = torch.float8_e4m3fn
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -197,6 +207,7 @@ class UnifiedFeatureStore(FeatureStore):
             raise ValueError("UnifiedFeatureStore: cpu_threads (the hybrid gather) does not apply to a float8 table")
         self.max_sms = max_sms
         self.cpu_threads = cpu_threads if self.device.type == "cuda" else 0  # the CPU path has no GPU share
+        self.hybrid_split = hybrid_split()
         pages = feature_pages()
         if x.device.type == "unified" and (pages == "small" or pin_inplace):
             self.table = x
@@ -217,6 +228,15 @@ class UnifiedFeatureStore(FeatureStore):
                      else self.scale_host if device.type == "cpu" else self.scale.to(device))
             return torch_direct.gather(self.table, idx, dtype=self.dtype, scale=scale, max_sms=self.max_sms)
         if self.cpu_threads and device.type == "cuda":
+            if self.hybrid_split == "address" and idx.numel():
+                # The CPU threads take the first part of the index: sorted farthest rows first, that
+                # is the table's far end, and the GPU reads the rest, nearer together (random rows
+                # read faster the narrower their span: docs/gather.md). Rows go back to their places.
+                far_first, order = torch.sort(idx.reshape(-1), descending=True)
+                rows = torch_direct.gather(self.table, far_first, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
+                y = torch.empty_like(rows)
+                y[order] = rows
+                return y.view(*idx.shape, *rows.shape[1:]).to(self.dtype)
             y = torch_direct.gather(self.table, idx, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
             return y.to(self.dtype)
         return torch_direct.gather(self.table, idx, dtype=self.dtype, max_sms=self.max_sms)

@@ -206,7 +206,9 @@ def check_options(args, device) -> None:
     (one line each, naming the option)."""
     import torch_direct
 
+    from .features import hybrid_split
     from .pages import feature_pages
+    hybrid_split()            # refuses a setting that is not one of its splits
     pages = feature_pages()   # refuses a setting that is not one of its pages
     if pages == "driver" and (torch.device(device).type != "cuda" or not torch_direct.cuda_available()):
         raise ValueError("TORCH_DIRECT_EXPERIMENTAL: feature_pages=driver needs a CUDA GPU (the driver "
