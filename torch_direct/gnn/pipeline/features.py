@@ -51,6 +51,7 @@ def hybrid_split() -> str:
         raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: hybrid_split must be index or address, not {split!r}")
     return split
 
+
 KINDS = ("unified", "cpu_centric", "gpu_resident")
 FP8 = torch.float8_e4m3fn
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
