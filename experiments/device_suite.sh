@@ -68,7 +68,7 @@ files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_*.py)
 for f in "${files[@]}"; do
   name=$(basename "$f" .py)
   s=$(date +%s)
-  # PYTEST_ARGS: more pytest options for every file (`-v --durations=10`: which test takes the time)
+  # PYTEST_ARGS: more pytest options for every file (`-vv --durations=10`: each test by name, and which take the time)
   timeout "${PER_FILE_TIMEOUT:-300}" python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} "$f" > "$OUT/$name.log" 2>&1
   rc=$?
   echo "$name rc=$rc $(( $(date +%s) - s ))s :: $(tail -1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
