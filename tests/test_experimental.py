@@ -30,6 +30,16 @@ class TestExperimental(TestCase):
                 self.assertEqual(torch_direct.experimental_setting("sampler_relabel"), "hash")
         with self.assertRaisesRegex(ValueError, "unknown setting 'feature_page'"):
             torch_direct.experimental_setting("feature_page")
+        # one of a setting's values, its default where it is unset or empty
+        pages = ("small", "huge", "driver")
+        for env, want in (("", "small"), ("feature_pages=", "small"), ("feature_pages=huge", "huge")):
+            with mock.patch.dict(os.environ, {VARIABLE: env}):
+                self.assertEqual(torch_direct.experimental_setting("feature_pages", choices=pages, default="small"), want)
+        with mock.patch.dict(os.environ, {VARIABLE: "feature_pages=big"}):
+            with self.assertRaisesRegex(ValueError, "^TORCH_DIRECT_EXPERIMENTAL: feature_pages must be small, huge or "
+                                                    "driver, not 'big'$"):
+                torch_direct.experimental_setting("feature_pages", choices=pages, default="small")
+            self.assertEqual(torch_direct.experimental_setting("feature_pages"), "big")  # no choices: as given
 
     def test_context_sets_merges_and_restores(self):
         with mock.patch.dict(os.environ, {VARIABLE: "gather_max_unit=4"}):

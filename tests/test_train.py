@@ -225,12 +225,12 @@ class TestTrain(TestCase):
                 self.assertEqual(err.getvalue().count("\n"), 1, err.getvalue())  # one line
             self.assertFalse(os.path.exists(empty_root))  # nothing generated for a refused run
             # experimental settings, checked first too (driver pages need a GPU)
-            refused = [("big", "feature_pages must be small, huge or driver, not 'big'")]
+            refused = [({"feature_pages": "big"}, "feature_pages must be small, huge or driver, not 'big'"),
+                       ({"hybrid_split": "nearest"}, "hybrid_split must be index or address, not 'nearest'")]
             if not torch_direct.cuda_available():
-                refused.append(("driver", "feature_pages=driver needs a CUDA GPU"))
-            refused.append(({"hybrid_split": "nearest"}, "hybrid_split must be index or address, not 'nearest'"))
-            for pages, msg in refused:
-                with torch_direct.experimental(**(pages if isinstance(pages, dict) else {"feature_pages": pages})):
+                refused.append(({"feature_pages": "driver"}, "feature_pages=driver needs a CUDA GPU"))
+            for settings, msg in refused:
+                with torch_direct.experimental(**settings):
                     err = io.StringIO()
                     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
                         code = main(["train", "--root", empty_root, *FAST])

@@ -66,10 +66,18 @@ def _check_name(name: str, who: str) -> None:
         raise ValueError(f"{who}: unknown setting {name!r} (names: {', '.join(SETTINGS)})")
 
 
-def get(name: str) -> str | None:
-    """The value of setting ``name`` in ``TORCH_DIRECT_EXPERIMENTAL`` now (None when unset)."""
+def get(name: str, *, choices: tuple[str, ...] | None = None, default: str | None = None) -> str | None:
+    """The value of setting ``name`` in ``TORCH_DIRECT_EXPERIMENTAL`` now (None when unset);
+    ``default`` (when given) stands for an unset or empty one. With ``choices``, any other value
+    is a ValueError naming them."""
     _check_name(name, "experimental")
-    return parse(os.environ.get(VARIABLE)).get(name)
+    value = parse(os.environ.get(VARIABLE)).get(name)
+    if not value:
+        return value if default is None else default
+    if choices is not None and value not in choices:
+        allowed = " or ".join(filter(None, (", ".join(choices[:-1]), choices[-1])))
+        raise ValueError(f"{VARIABLE}: {name} must be {allowed}, not {value!r}")
+    return value
 
 
 @contextmanager

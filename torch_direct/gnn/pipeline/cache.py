@@ -19,10 +19,7 @@ _FUSED_TABLE_TYPES = _FUSED_OUT_TYPES + (torch.float8_e4m3fn,)
 
 def cached_gather_mode() -> str:
     """The experimental setting cached_gather: "fused" (unset: the default) or "split"."""
-    mode = torch_direct.experimental_setting("cached_gather") or "fused"
-    if mode not in ("split", "fused"):
-        raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: cached_gather must be split or fused, not {mode!r}")
-    return mode
+    return torch_direct.experimental_setting("cached_gather", choices=("split", "fused"), default="fused")
 
 
 # A table of this many bytes or more in host memory is read by the fused pass in address order,

@@ -46,10 +46,7 @@ HYBRID_SPLITS = ("index", "address")
 
 def hybrid_split() -> str:
     """The experimental setting hybrid_split: "index" (unset: the default) or "address"."""
-    split = torch_direct.experimental_setting("hybrid_split") or "index"
-    if split not in HYBRID_SPLITS:
-        raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: hybrid_split must be index or address, not {split!r}")
-    return split
+    return torch_direct.experimental_setting("hybrid_split", choices=HYBRID_SPLITS, default="index")
 
 
 KINDS = ("unified", "cpu_centric", "gpu_resident")

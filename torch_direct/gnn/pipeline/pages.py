@@ -15,10 +15,7 @@ PAGES = ("small", "huge", "driver")
 
 def feature_pages() -> str:
     """The experimental setting feature_pages: "small" (unset: the default), "huge" or "driver"."""
-    pages = torch_direct.experimental_setting("feature_pages") or "small"
-    if pages not in PAGES:
-        raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: feature_pages must be small, huge or driver, not {pages!r}")
-    return pages
+    return torch_direct.experimental_setting("feature_pages", choices=PAGES, default="small")
 
 
 def huge_page_bytes(nbytes: int) -> torch.Tensor:
