@@ -122,25 +122,20 @@ R="$PWD"
 what="${1:-all}"
 DATA="${TORCH_DIRECT_DATA:-/tmp/td_data}"
 export PYTHONUNBUFFERED=1
-# CACHED_GATHER=split|fused: the cached feature store's gather in every run of the call
-# (TORCH_DIRECT_EXPERIMENTAL=cached_gather=...); products-target's and papers-graphed's records
-# then say it in their names (_cached-<mode>).
-if [ -n "${CACHED_GATHER:-}" ]; then
-  export TORCH_DIRECT_EXPERIMENTAL="${TORCH_DIRECT_EXPERIMENTAL:+$TORCH_DIRECT_EXPERIMENTAL,}cached_gather=$CACHED_GATHER"
-fi
-CG="${CACHED_GATHER:+_cached-$CACHED_GATHER}"
-# FEATURE_PAGES=small|huge|driver: where the unified feature store's table lives in every run of
-# the call (TORCH_DIRECT_EXPERIMENTAL=feature_pages=...); papers-graphed's records say it (_pages-<mode>).
-if [ -n "${FEATURE_PAGES:-}" ]; then
-  export TORCH_DIRECT_EXPERIMENTAL="${TORCH_DIRECT_EXPERIMENTAL:+$TORCH_DIRECT_EXPERIMENTAL,}feature_pages=$FEATURE_PAGES"
-fi
-CG="$CG${FEATURE_PAGES:+_pages-$FEATURE_PAGES}"
-# HYBRID_SPLIT=index|address: which rows the hybrid gather's CPU threads take in every run of the
-# call (TORCH_DIRECT_EXPERIMENTAL=hybrid_split=...); papers-graphed's records say it (_split-<mode>).
-if [ -n "${HYBRID_SPLIT:-}" ]; then
-  export TORCH_DIRECT_EXPERIMENTAL="${TORCH_DIRECT_EXPERIMENTAL:+$TORCH_DIRECT_EXPERIMENTAL,}hybrid_split=$HYBRID_SPLIT"
-fi
-CG="$CG${HYBRID_SPLIT:+_split-$HYBRID_SPLIT}"
+# Experimental settings for every run of the call, each from a variable of its own, and the tag
+# that products-target's and papers-graphed's records then carry in their names:
+# CACHED_GATHER=split|fused (the cached feature store's gather: _cached-<mode>), FEATURE_PAGES=
+# small|huge|driver (where the unified feature store's table lives: _pages-<mode>), HYBRID_SPLIT=
+# index|address (which rows the hybrid gather's CPU threads take: _split-<mode>).
+CG=""
+experimental_from() {  # setting value tag: TORCH_DIRECT_EXPERIMENTAL gains setting=value, CG _tag-value
+  [ -n "$2" ] || return 0
+  export TORCH_DIRECT_EXPERIMENTAL="${TORCH_DIRECT_EXPERIMENTAL:+$TORCH_DIRECT_EXPERIMENTAL,}$1=$2"
+  CG="${CG}_$3-$2"
+}
+experimental_from cached_gather "${CACHED_GATHER:-}" cached
+experimental_from feature_pages "${FEATURE_PAGES:-}" pages
+experimental_from hybrid_split "${HYBRID_SPLIT:-}" split
 
 build_pyg_wheels() {
   # Wheels fetched back from an earlier device run and carried in .whl/ are

@@ -68,6 +68,13 @@ def parse(argv=None):
                    help="comma-separated GB: random rows from the unified table's first SPAN GB only "
                         "(default: none)")
     a = p.parse_args(argv)
+    if a.table_gb <= 0:
+        p.error(f"--table-gb must be positive, got {a.table_gb}")
+    if a.row_bytes <= 0 or a.row_bytes % 4:
+        p.error(f"--row-bytes must be a positive multiple of 4 (float32 rows), got {a.row_bytes}")
+    for name in ("indices", "repeats"):
+        if getattr(a, name) <= 0:
+            p.error(f"--{name} must be positive, got {getattr(a, name)}")
     a.tables = [t.strip() for t in a.tables.split(",") if t.strip()]
     bad = [t for t in a.tables if t not in TABLES]
     if bad or not a.tables:
@@ -80,13 +87,6 @@ def parse(argv=None):
         p.error(f"--spans must lie in (0, --table-gb = {a.table_gb}], got {a.spans}")
     if a.spans and "unified" not in a.tables:
         p.error("--spans times the unified table: keep unified in --tables")
-    if a.table_gb <= 0:
-        p.error(f"--table-gb must be positive, got {a.table_gb}")
-    if a.row_bytes <= 0 or a.row_bytes % 4:
-        p.error(f"--row-bytes must be a positive multiple of 4 (float32 rows), got {a.row_bytes}")
-    for name in ("indices", "repeats"):
-        if getattr(a, name) <= 0:
-            p.error(f"--{name} must be positive, got {getattr(a, name)}")
     return a
 
 
