@@ -84,6 +84,14 @@ class TestReorder(TestCase):
         g3, _ = reorder(g, "frequency")
         freq = torch.bincount(g3.col.long(), minlength=200)
         self.assertTrue(bool((freq[1:] <= freq[:-1]).all()))
+        # with a fanout, ranked as a cache ranks its rows: the hottest rows become the first ones
+        g4, ro4 = reorder(g, "frequency", fanout=2)
+        score = access_frequency(g4, 2)
+        self.assertTrue(bool((score[1:] <= score[:-1]).all()))
+        self.assertEqual(score, access_frequency(g, 2)[ro4.perm])
+        for bad in (0, -2, 1.5, True):
+            with self.assertRaisesRegex(ValueError, "fanout"):
+                reorder(g, "frequency", fanout=bad)
 
     def test_access_frequency(self):
         # rows: 0 -> [1, 2, 3, 4], 1 -> [2], 2 -> [1, 2 is not its own], 3 -> [], 4 -> [1]

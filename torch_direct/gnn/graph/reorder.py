@@ -95,7 +95,7 @@ def access_frequency(graph: CSRGraph, fanout: int = -1) -> torch.Tensor:
     return out
 
 
-def _order(graph: CSRGraph, by) -> tuple[torch.Tensor, str]:
+def _order(graph: CSRGraph, by, fanout: int = -1) -> tuple[torch.Tensor, str]:
     n = graph.num_nodes
     if isinstance(by, torch.Tensor):
         perm = by.cpu()
@@ -115,7 +115,7 @@ def _order(graph: CSRGraph, by) -> tuple[torch.Tensor, str]:
     if by == "degree":          # row length
         score = graph.degree().cpu()
     elif by == "frequency":     # how often a node is someone's neighbour (sampled, so gathered)
-        score = access_frequency(graph)   # in chunks: no int64 copy of the whole column array
+        score = access_frequency(graph, fanout)   # in chunks: no int64 copy of the whole column array
     else:
         raise ValueError(f"reorder: by must be one of {', '.join(ORDERS)} or a permutation tensor, got {by!r}")
     # Highest first; ties keep their original order (stable), so the result is deterministic.
@@ -153,12 +153,14 @@ def relabel_graph(graph: CSRGraph, perm: torch.Tensor, inv: torch.Tensor) -> CSR
     return out if graph.device.type == "cpu" else out.to(graph.device)
 
 
-def reorder(obj, by="degree"):
+def reorder(obj, by="degree", *, fanout: int = -1):
     """Relabel a :class:`NodeDataset` or a :class:`CSRGraph` so that the hottest nodes come first.
 
-    ``by``: ``"degree"`` (most neighbours first: the rank the GPU cache uses),
-    ``"frequency"`` (most often a neighbour first), ``"none"`` (identity), or a
-    permutation tensor (``perm[new] = old``). Returns ``(relabelled, Reordering)``:
+    ``by``: ``"degree"`` (most neighbours first), ``"frequency"`` (most often read first:
+    :func:`access_frequency` with ``fanout``), ``"none"`` (identity), or a
+    permutation tensor (``perm[new] = old``). With the fanout that ranks a GPU cache of hot
+    rows (``train`` passes its last one), the cached rows become exactly the first rows of the
+    table and every miss falls in the rest, a narrower span of host memory. Returns ``(relabelled, Reordering)``:
     for a data set, its graph, ``x``, ``y`` and splits are permuted once (``x`` is
     copied into memory); use the :class:`Reordering` to map ids and results back.
     """
@@ -169,7 +171,9 @@ def reorder(obj, by="degree"):
         graph = obj
     else:
         raise TypeError(f"reorder: expected a NodeDataset or a CSRGraph, got {type(obj).__name__}")
-    perm, name = _order(graph, by)
+    if isinstance(fanout, bool) or not isinstance(fanout, int) or not (fanout == -1 or fanout > 0):
+        raise ValueError(f"reorder: fanout must be a positive int or -1 (all neighbours), got {fanout!r}")
+    perm, name = _order(graph, by, fanout)
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.numel())
     ro = Reordering(perm, inv, name)

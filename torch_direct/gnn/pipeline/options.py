@@ -158,8 +158,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the same (default: %(default)s)")
     p.add_argument("--reorder", choices=("degree", "frequency", "none"), default="none",
                    help="locality lever: relabel the nodes once before training, hot nodes first "
-                        "(degree = most neighbours, frequency = most often a neighbour), so the rows a "
-                        "batch reads most sit together at the start of the feature table; features, "
+                        "(degree = most neighbours, frequency = most often read, ranked as --cache-mb ranks "
+                        "rows, so the cache holds the table's first rows and misses fall in the rest), so "
+                        "the rows a batch reads most sit together at the start of the feature table; features, "
                         "labels, splits and the CSR are permuted, accuracy is unchanged (default: %(default)s)")
     p.add_argument("--merge-gathers", type=positive(int), nargs="?", const=0, default=1, metavar="K",
                    help="locality lever: gather the features of K batches at once (the union of their "
