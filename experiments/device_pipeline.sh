@@ -97,8 +97,8 @@
 #   (--cuda-graph --layers builtin, AHEAD sampling threads, default 3): gpu_resident, then unified
 #   with a cache of CACHE_MB MiB (default 13500: under half of the 28.4 GB table) and GATHER_THREADS
 #   hybrid threads (default 12; 0: none; none either with CACHED_GATHER=fused), the model in PRECISION (fp32, tf32 or bf16; default fp32), the table as FEATURE_DTYPE
-#   (default stored; fp8: float8 rows and no CPU threads, which copy rows as stored; set CACHE_MB
-#   to 6990 for half of that table), GRAPH_BUFFERS sets of graphed buffers (1 or 2; default 1),
+#   (default stored; fp8: float8 rows, the CPU threads' share copied as bytes and scaled on the
+#   GPU; set CACHE_MB to 6990 for half of that table), GRAPH_BUFFERS sets of graphed buffers (1 or 2; default 1),
 #   the training stream at STEP_PRIORITY (normal or high; default normal);
 #   GRAPHED_PIPELINES picks the runs (default "gpu_resident unified");
 #   papers-graphed-levers: that unified run under each experimental setting of LEVERS (default:
@@ -185,11 +185,11 @@ papers_graphed() {  # papers-graphed (its options in the environment, as the hea
   papers_data_once
   local common fd tag threads p
   common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32} --step-priority ${STEP_PRIORITY:-normal} --reorder ${REORDER:-none}"
-  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG${GATHER_SMS:+_gather-sms$GATHER_SMS}${REORDER:+_reorder-$REORDER}
-  # the hybrid gather's CPU threads (GATHER_THREADS, default 12; none with float8 rows, scaled in
-  # the GPU kernel, nor with the one-pass cached gather, which reads every miss on the GPU)
+  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG${GATHER_SMS:+_gather-sms$GATHER_SMS}${REORDER:+_reorder-$REORDER}${CACHE_MB:+_cache$CACHE_MB}${GATHER_THREADS:+_threads$GATHER_THREADS}
+  # the hybrid gather's CPU threads (GATHER_THREADS, default 12; none with the one-pass cached
+  # gather, which reads every miss on the GPU)
   threads="--gather-cpu-threads ${GATHER_THREADS:-12}"
-  { [ "$fd" = fp8 ] || [ "${GATHER_THREADS:-12}" = 0 ] || [ "${CACHED_GATHER:-}" = fused ]; } && threads=""
+  { [ "${GATHER_THREADS:-12}" = 0 ] || [ "${CACHED_GATHER:-}" = fused ]; } && threads=""
   # a reordered run first relabels the 3.2 billion CSR entries and copies the table (minutes)
   local limit=200; [ "${REORDER:-none}" != none ] && limit=420
   for p in ${GRAPHED_PIPELINES:-gpu_resident unified}; do

@@ -144,8 +144,6 @@ def parse(argv=None):
             p.error(f"--{name.replace('_', '-')} applies to --store unified only")
     if a.cached_gather != ["split"] and not a.cache_mb:
         p.error("--cached-gather compares the forms of a cache's gather: give --store unified and --cache-mb")
-    if a.feature_dtype == "fp8" and a.gather_cpu_threads:
-        p.error("--gather-cpu-threads does not apply to --feature-dtype fp8 (the hybrid gather reads plain rows)")
     return a
 
 

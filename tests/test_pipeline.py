@@ -367,6 +367,17 @@ class TestFeatureStores(TestCase):
                         self.assertEqual(got.dtype, dtype or x.dtype)
                         self.assertEqual(got.cpu(), x[idx.cpu()].to(got.dtype), msg=str((split, kw.keys(), x.dtype)))
                     self.assertEqual(store.gather(idx[:0]).shape, (0, x.shape[1]))
+        # a float8 table: the CPU share copies the rows' bytes, scaled on the GPU as the kernel would
+        q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
+        want = fp8_reference(q, scale, idx.cpu())
+        for split in ("index", "address"):
+            for kw in ({}, {"cache_bytes": 100 * 16, "degree": torch.arange(500)}):
+                with torch_direct.experimental(hybrid_split=split):
+                    store = make_feature_store("unified", q, "cuda", scale=scale, cpu_threads=2, **kw)
+                for _ in range(3):
+                    got = store.gather(idx)
+                    self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=str((split, kw.keys())))
+                self.assertEqual(store.gather(idx[:0]).shape, (0, q.shape[1]))
 
     @requires_gpu
     def test_fp8_tables_on_the_gpu(self):

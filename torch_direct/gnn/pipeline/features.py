@@ -188,8 +188,8 @@ class UnifiedFeatureStore(FeatureStore):
     ``cpu_threads`` (GPU device only; 0: off) makes each gather hybrid: that many CPU threads
     gather a share of the rows into pinned memory, copied to the GPU while the kernel reads
     the rest (``torch_direct.gather(..., cpu_threads=)``, its share chosen from measured rates).
-    Rows are then gathered in the table's dtype and cast on the GPU, so that the CPU share moves
-    the table's bytes, not the wider output's.
+    Rows are then gathered in the table's dtype (a float8 table's as bytes) and cast (and
+    scaled) on the GPU, so that the CPU share moves the table's bytes, not the wider output's.
     """
 
     kind = "unified"
@@ -201,8 +201,6 @@ class UnifiedFeatureStore(FeatureStore):
             raise ValueError(f"UnifiedFeatureStore: max_sms must be a positive int or None, got {max_sms!r}")
         if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 0:
             raise ValueError(f"UnifiedFeatureStore: cpu_threads must be an int >= 0, got {cpu_threads!r}")
-        if cpu_threads and scale is not None:
-            raise ValueError("UnifiedFeatureStore: cpu_threads (the hybrid gather) does not apply to a float8 table")
         self.max_sms = max_sms
         self.cpu_threads = cpu_threads if self.device.type == "cuda" else 0  # the CPU path has no GPU share
         self.hybrid_split = hybrid_split()
@@ -221,23 +219,35 @@ class UnifiedFeatureStore(FeatureStore):
 
     def read(self, idx, device):
         idx = idx.to(device, non_blocking=True)
+        if self.cpu_threads and device.type == "cuda":
+            return self._read_hybrid(idx, device)
         if self.scale is not None:
             scale = (self.scale if device == self.device
                      else self.scale_host if device.type == "cpu" else self.scale.to(device))
             return torch_direct.gather(self.table, idx, dtype=self.dtype, scale=scale, max_sms=self.max_sms)
-        if self.cpu_threads and device.type == "cuda":
-            if self.hybrid_split == "address" and idx.numel():
-                # The CPU threads take the first part of the index: sorted farthest rows first, that
-                # is the table's far end, and the GPU reads the rest, nearer together (random rows
-                # read faster the narrower their span: docs/gather.md). Rows go back to their places.
-                far_first, order = torch.sort(idx.reshape(-1), descending=True)
-                rows = torch_direct.gather(self.table, far_first, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
-                y = torch.empty_like(rows)
-                y[order] = rows
-                return y.view(*idx.shape, *rows.shape[1:]).to(self.dtype)
-            y = torch_direct.gather(self.table, idx, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
-            return y.to(self.dtype)
         return torch_direct.gather(self.table, idx, dtype=self.dtype, max_sms=self.max_sms)
+
+    def _read_hybrid(self, idx, device):
+        """The hybrid gather: rows as the table stores them (a float8 table's as their bytes),
+        then cast, and scaled, on the GPU, so that the CPU share moves the table's bytes."""
+        table = self.table if self.scale is None else self.table.view(torch.uint8)
+        flat = idx.reshape(-1)
+        if self.hybrid_split == "address" and flat.numel():
+            # The CPU threads take the first part of the index: sorted farthest rows first, that
+            # is the table's far end, and the GPU reads the rest, nearer together (random rows
+            # read faster the narrower their span: docs/gather.md). Rows go back to their places.
+            far_first, order = torch.sort(flat, descending=True)
+            got = torch_direct.gather(table, far_first, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
+            rows = torch.empty_like(got)
+            rows[order] = got
+        else:
+            rows = torch_direct.gather(table, flat, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
+        if self.scale is not None:
+            scale = self.scale if device == self.device else self.scale.to(device)
+            rows = dequantize(rows.view(self.table.dtype), scale[flat], self.dtype)
+        else:
+            rows = rows.to(self.dtype)
+        return rows.view(*idx.shape, *rows.shape[1:])
 
     def stats(self) -> dict:
         s = super().stats()

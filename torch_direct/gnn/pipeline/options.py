@@ -243,9 +243,6 @@ def check_options(args, device) -> None:
                             else "PyG's loader reads its own feature tensor"))
     if args.gather_sms and args.pipeline != "unified":
         raise ValueError("--gather-sms applies to --pipeline unified only (its zero-copy gather kernel)")
-    if args.gather_cpu_threads and getattr(args, "feature_dtype", "stored") == "fp8":
-        raise ValueError("--gather-cpu-threads does not apply to --feature-dtype fp8 (the hybrid gather copies "
-                         "rows as stored; the float8 rows are scaled in the GPU kernel)")
     if args.gather_cpu_threads and args.pipeline != "unified":
         raise ValueError("--gather-cpu-threads applies to --pipeline unified only (its hybrid gather)")
     if args.pipeline == "pyg":
