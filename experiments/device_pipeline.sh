@@ -130,7 +130,10 @@ export PYTHONUNBUFFERED=1
 CG=""
 experimental_from() {  # setting value tag: TORCH_DIRECT_EXPERIMENTAL gains setting=value, CG _tag-value
   [ -n "$2" ] || return 0
-  export TORCH_DIRECT_EXPERIMENTAL="${TORCH_DIRECT_EXPERIMENTAL:+$TORCH_DIRECT_EXPERIMENTAL,}$1=$2"
+  # once: a nested run of this script (the composite steps call it again) inherits the variable
+  local rest
+  rest=$(printf '%s' "${TORCH_DIRECT_EXPERIMENTAL:-}" | tr ',' '\n' | grep -v "^$1=" | paste -sd, -)
+  export TORCH_DIRECT_EXPERIMENTAL="${rest:+$rest,}$1=$2"
   CG="${CG}_$3-$2"
 }
 experimental_from cached_gather "${CACHED_GATHER:-}" cached
