@@ -195,6 +195,7 @@ papers_graphed() {  # papers-graphed (its options in the environment, as the hea
   { [ "${GATHER_THREADS:-12}" = 0 ] || [ "${CACHED_GATHER:-}" = fused ]; } && threads=""
   # a reordered run first relabels the 3.2 billion CSR entries and copies the table (minutes)
   local limit=200; [ "${REORDER:-none}" != none ] && limit=420
+  limit=${RUN_LIMIT:-$limit}   # RUN_LIMIT: seconds for the unified run (gpu_resident's: 50 fewer)
   for p in ${GRAPHED_PIPELINES:-gpu_resident unified}; do
     case "$p" in
       gpu_resident) bench "papers100M-like_graphed_gpu-resident_$tag" $(( limit - 50 )) $common --pipelines gpu_resident --feature-dtype "$fd" ;;
