@@ -171,6 +171,18 @@ class TestReorder(TestCase):
             same, ro0 = reorder(ds, "none")
             self.assertIs(same, ds)
             self.assertEqual(ro0.perm, torch.arange(ds.num_nodes))
+            # a table of more rows than a chunk is permuted a chunk at a time (with a bar): the same rows
+            mod = sys.modules["torch_direct.gnn.graph.reorder"]
+            saved = mod._ROW_CHUNK
+            try:
+                mod._ROW_CHUNK = 7
+                err = io.StringIO()
+                with contextlib.redirect_stderr(err):
+                    ds3, _ = reorder(ds, "degree", show_progress=True)
+                self.assertEqual(ds3.x, ds2.x)
+                self.assertIn("reorder: feature rows", err.getvalue())
+            finally:
+                mod._ROW_CHUNK = saved
 
     def test_bad_input(self):
         g = random_graph(5, 10, 0)

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..progress import progress
 from .csr import CSRGraph, host_values
 
 ORDERS = ("degree", "frequency", "none")
 _EDGE_CHUNK = 1 << 26
+_ROW_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def _order(graph: CSRGraph, by, fanout: int = -1) -> tuple[torch.Tensor, str]:
     return torch.sort(score, descending=True, stable=True).indices, by
 
 
-def relabel_graph(graph: CSRGraph, perm: torch.Tensor, inv: torch.Tensor) -> CSRGraph:
+def relabel_graph(graph: CSRGraph, perm: torch.Tensor, inv: torch.Tensor, *, show_progress: bool = False) -> CSRGraph:
     """``graph`` with node ``perm[r]`` renamed ``r``: rows moved, column ids mapped through
     ``inv``, each row's neighbour order (and ``edge_ids``) kept. Vectorized, in chunks of
     about ``_EDGE_CHUNK`` edges (so temporaries stay small on large graphs); the result is on
@@ -141,28 +143,33 @@ def relabel_graph(graph: CSRGraph, perm: torch.Tensor, inv: torch.Tensor) -> CSR
     # Row boundaries so that each chunk holds about _EDGE_CHUNK edges (a longer row is one chunk).
     bounds = torch.searchsorted(rowptr_new, torch.arange(0, e, _EDGE_CHUNK), right=True) - 1
     bounds = torch.unique(torch.cat([bounds, torch.tensor([graph.num_nodes])])).tolist()
+    bar = progress(e, "reorder: CSR entries", enabled=show_progress and e >= 1 << 27)
     for a, b in zip(bounds[:-1], bounds[1:]):
         lo, hi = int(rowptr_new[a]), int(rowptr_new[b])
+        bar.update(hi - lo)
         # Slot j of new row r is slot (rowptr[perm[r]] + j - rowptr_new[r]) of the old arrays.
         src = torch.repeat_interleave(start_old[a:b] - rowptr_new[a:b], deg_new[a:b], output_size=hi - lo)
         src.add_(torch.arange(lo, hi))
         col_new[lo:hi] = inv[col[src].long()]
         if eids is not None:
             eids_new[lo:hi] = eids[src]
+    bar.close()
     out = CSRGraph(rowptr_new, col_new, eids_new, validate=False)
     return out if graph.device.type == "cpu" else out.to(graph.device)
 
 
-def reorder(obj, by="degree", *, fanout: int = -1):
+def reorder(obj, by="degree", *, fanout: int = -1, show_progress: bool = False):
     """Relabel a :class:`NodeDataset` or a :class:`CSRGraph` so that the hottest nodes come first.
 
     ``by``: ``"degree"`` (most neighbours first), ``"frequency"`` (most often read first:
     :func:`access_frequency` with ``fanout``), ``"none"`` (identity), or a
     permutation tensor (``perm[new] = old``). With the fanout that ranks a GPU cache of hot
     rows (``train`` passes its last one), the cached rows become exactly the first rows of the
-    table and every miss falls in the rest, a narrower span of host memory. Returns ``(relabelled, Reordering)``:
-    for a data set, its graph, ``x``, ``y`` and splits are permuted once (``x`` is
-    copied into memory); use the :class:`Reordering` to map ids and results back.
+    table and every miss falls in the rest, a narrower span of host memory.
+    Returns ``(relabelled, Reordering)``: for a data set, its graph, ``x``, ``y`` and splits
+    are permuted once (``x`` is copied into memory); use the :class:`Reordering` to map ids
+    and results back. ``show_progress`` draws a bar over a large graph's CSR entries and
+    feature rows.
     """
     from .datasets import NodeDataset
     if isinstance(obj, NodeDataset):
@@ -177,7 +184,7 @@ def reorder(obj, by="degree", *, fanout: int = -1):
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.numel())
     ro = Reordering(perm, inv, name)
-    new_graph = graph if name == "none" else relabel_graph(graph, perm, inv)
+    new_graph = graph if name == "none" else relabel_graph(graph, perm, inv, show_progress=show_progress)
     if isinstance(obj, CSRGraph):
         return new_graph, ro
     if name == "none":
@@ -185,6 +192,20 @@ def reorder(obj, by="degree", *, fanout: int = -1):
     x = host_values(obj.x) if obj.x.device.type == "unified" else obj.x
     split = {k: inv[v.cpu().long()] for k, v in obj.split.items()}
     info = dict(obj.info, reorder=name)
-    ds = NodeDataset(obj.name, new_graph, x[perm.to(x.device)], obj.y[perm.to(obj.y.device)], split,
-                     obj.num_classes, info)
+    ds = NodeDataset(obj.name, new_graph, _permute_rows(x, perm, show_progress), obj.y[perm.to(obj.y.device)],
+                     split, obj.num_classes, info)
     return ds, ro
+
+
+def _permute_rows(x: torch.Tensor, perm: torch.Tensor, show_progress: bool) -> torch.Tensor:
+    """``x[perm]``, a large table's in chunks of rows under a bar."""
+    n = perm.numel()
+    if x.device.type != "cpu" or n <= _ROW_CHUNK:
+        return x[perm.to(x.device)]
+    out = torch.empty((n, *x.shape[1:]), dtype=x.dtype)
+    with progress(n, "reorder: feature rows", enabled=show_progress) as bar:
+        for a in range(0, n, _ROW_CHUNK):
+            b = min(n, a + _ROW_CHUNK)
+            out[a:b] = x[perm[a:b]]
+            bar.update(b - a)
+    return out

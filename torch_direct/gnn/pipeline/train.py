@@ -56,7 +56,7 @@ def load_for_run(args, show: bool):
         t0 = time.perf_counter()
         # frequency: ranked as the cache ranks its rows (the last fanout), so that the cached rows
         # are the table's first ones; results stay per node: accuracies need no mapping back
-        ds, _ = reorder(ds, args.reorder, fanout=args.fanouts[-1])
+        ds, _ = reorder(ds, args.reorder, fanout=args.fanouts[-1], show_progress=show)
         reorder_s = time.perf_counter() - t0
     return ds, reorder_s
 
