@@ -438,6 +438,26 @@ class TestTrain(TestCase):
             self.assertEqual(recs[1]["step_priority"], "high")
 
     @requires_gpu
+    def test_fp8_hybrid_and_reordered_cache_train_the_same(self):
+        # A float8 table read by the hybrid gather (the CPU threads' share as bytes, scaled on the
+        # GPU) gives the unified pipeline the rows the kernel alone gives; with --reorder frequency
+        # the cache holds the table's first rows and the run still learns (the same sampler seed
+        # draws the relabelled batches).
+        base = ["--epochs", "8", "--seed", "0", "--pipeline", "unified", "--device", "cuda", "--sampler", "cpu",
+                "--feature-dtype", "fp8"]
+        plain, _ = self.quiet_run(*base)
+        hybrid, _ = self.quiet_run(*base, "--gather-cpu-threads", "2")
+        self.assertEqual(hybrid["feature_store"]["cpu_threads"], 2)
+        for a, b in zip(plain["epochs"], hybrid["epochs"]):
+            self.assertEqual(a["loss"], b["loss"], atol=1e-4, rtol=1e-4)
+        y = self.ds.y[self.ds.split["test"]]
+        majority = torch.bincount(y).max().item() / y.numel()
+        cached, _ = self.quiet_run(*base, "--gather-cpu-threads", "2", "--reorder", "frequency", "--cache-mb", "1")
+        self.assertEqual(cached["reorder"], "frequency")
+        self.assertGreater(cached["feature_store"]["cache_hit_rate"], 0.0)
+        self.assertGreater(cached["test_acc"], max(0.6, 2 * majority))
+
+    @requires_gpu
     def test_gpu_pipelines_agree_with_one_sampler(self):
         # Same sampler (the CPU one) and seed: the same batches and features reach the GPU, so the
         # pipelines agree up to the order of the GPU's floating-point atomics in the aggregation.
