@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import tempfile
+from unittest import mock
 
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -172,17 +173,12 @@ class TestReorder(TestCase):
             self.assertIs(same, ds)
             self.assertEqual(ro0.perm, torch.arange(ds.num_nodes))
             # a table of more rows than a chunk is permuted a chunk at a time (with a bar): the same rows
-            mod = sys.modules["torch_direct.gnn.graph.reorder"]
-            saved = mod._ROW_CHUNK
-            try:
-                mod._ROW_CHUNK = 7
-                err = io.StringIO()
-                with contextlib.redirect_stderr(err):
-                    ds3, _ = reorder(ds, "degree", show_progress=True)
-                self.assertEqual(ds3.x, ds2.x)
-                self.assertIn("reorder: feature rows", err.getvalue())
-            finally:
-                mod._ROW_CHUNK = saved
+            err = io.StringIO()
+            with mock.patch.object(sys.modules["torch_direct.gnn.graph.reorder"], "_ROW_CHUNK", 7), \
+                    contextlib.redirect_stderr(err):
+                ds3, _ = reorder(ds, "degree", show_progress=True)
+            self.assertEqual(ds3.x, ds2.x)
+            self.assertIn("reorder: feature rows", err.getvalue())
 
     def test_bad_input(self):
         g = random_graph(5, 10, 0)

@@ -64,6 +64,11 @@ class Reordering:
         return t[self.perm.to(t.device)]
 
 
+def _check_fanout(fanout, who: str) -> None:
+    if isinstance(fanout, bool) or not isinstance(fanout, int) or not (fanout == -1 or fanout > 0):
+        raise ValueError(f"{who}: fanout must be a positive int or -1 (all neighbours), got {fanout!r}")
+
+
 def access_frequency(graph: CSRGraph, fanout: int = -1) -> torch.Tensor:
     """How often each node is read as a neighbour when every node draws ``fanout`` of its
     neighbours uniformly without replacement (all of them with ``-1``): for node ``v``, the sum
@@ -74,8 +79,7 @@ def access_frequency(graph: CSRGraph, fanout: int = -1) -> torch.Tensor:
     and a cache of the longest rows holds only its own share of the reads (docs/pipeline.md).
     On an undirected graph with ``fanout=-1`` it equals the degree. Computed in chunks of about
     ``_EDGE_CHUNK`` edges."""
-    if isinstance(fanout, bool) or not isinstance(fanout, int) or not (fanout == -1 or fanout > 0):
-        raise ValueError(f"access_frequency: fanout must be a positive int or -1 (all neighbours), got {fanout!r}")
+    _check_fanout(fanout, "access_frequency")
     if not isinstance(graph, CSRGraph):
         raise TypeError(f"access_frequency: graph must be a CSRGraph, got {type(graph).__name__}")
     rowptr = host_values(graph.rowptr).cpu()
@@ -143,17 +147,16 @@ def relabel_graph(graph: CSRGraph, perm: torch.Tensor, inv: torch.Tensor, *, sho
     # Row boundaries so that each chunk holds about _EDGE_CHUNK edges (a longer row is one chunk).
     bounds = torch.searchsorted(rowptr_new, torch.arange(0, e, _EDGE_CHUNK), right=True) - 1
     bounds = torch.unique(torch.cat([bounds, torch.tensor([graph.num_nodes])])).tolist()
-    bar = progress(e, "reorder: CSR entries", enabled=show_progress and e >= 1 << 27)
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        lo, hi = int(rowptr_new[a]), int(rowptr_new[b])
-        bar.update(hi - lo)
-        # Slot j of new row r is slot (rowptr[perm[r]] + j - rowptr_new[r]) of the old arrays.
-        src = torch.repeat_interleave(start_old[a:b] - rowptr_new[a:b], deg_new[a:b], output_size=hi - lo)
-        src.add_(torch.arange(lo, hi))
-        col_new[lo:hi] = inv[col[src].long()]
-        if eids is not None:
-            eids_new[lo:hi] = eids[src]
-    bar.close()
+    with progress(e, "reorder: CSR entries", enabled=show_progress and e >= 1 << 27) as bar:
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            lo, hi = int(rowptr_new[a]), int(rowptr_new[b])
+            # Slot j of new row r is slot (rowptr[perm[r]] + j - rowptr_new[r]) of the old arrays.
+            src = torch.repeat_interleave(start_old[a:b] - rowptr_new[a:b], deg_new[a:b], output_size=hi - lo)
+            src.add_(torch.arange(lo, hi))
+            col_new[lo:hi] = inv[col[src].long()]
+            if eids is not None:
+                eids_new[lo:hi] = eids[src]
+            bar.update(hi - lo)
     out = CSRGraph(rowptr_new, col_new, eids_new, validate=False)
     return out if graph.device.type == "cpu" else out.to(graph.device)
 
@@ -178,8 +181,7 @@ def reorder(obj, by="degree", *, fanout: int = -1, show_progress: bool = False):
         graph = obj
     else:
         raise TypeError(f"reorder: expected a NodeDataset or a CSRGraph, got {type(obj).__name__}")
-    if isinstance(fanout, bool) or not isinstance(fanout, int) or not (fanout == -1 or fanout > 0):
-        raise ValueError(f"reorder: fanout must be a positive int or -1 (all neighbours), got {fanout!r}")
+    _check_fanout(fanout, "reorder")
     perm, name = _order(graph, by, fanout)
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.numel())
@@ -206,6 +208,6 @@ def _permute_rows(x: torch.Tensor, perm: torch.Tensor, show_progress: bool) -> t
     with progress(n, "reorder: feature rows", enabled=show_progress) as bar:
         for a in range(0, n, _ROW_CHUNK):
             b = min(n, a + _ROW_CHUNK)
-            out[a:b] = x[perm[a:b]]
+            torch.index_select(x, 0, perm[a:b], out=out[a:b])   # straight into place, no temporary
             bar.update(b - a)
     return out
