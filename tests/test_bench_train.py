@@ -126,6 +126,18 @@ class TestBenchTrainCPU(_Tiny):
             # the whole run (loading, both epochs, evaluation) outlasts its epochs, and is printed
             self.assertGreater(r["run_s"], sum(r["epoch_times_s"]))
             self.assertIn(f"{name}: epoch {r['epoch_s']:.3f} s ({r['run_s']:.0f} s in all)", self.err)
+            self.assertEqual(r["reorder_s"], 0.0)   # no --reorder: no setup spent on one
+
+    def test_a_reorder_is_timed_apart(self):
+        path = os.path.join(self.tmp.name, "reorder.json")
+        rc, _, err = bench("--root", self.tmp.name, *FAST, "--device", "cpu", "--pipelines", "unified",
+                           "--reorder", "frequency", "--out", path)
+        self.assertEqual(rc, 0, err)
+        with open(path) as f:
+            r = json.load(f)["rows"][0]
+        self.assertGreater(r["reorder_s"], 0)
+        self.assertLess(r["reorder_s"], r["run_s"])
+        self.assertIn(f"({r['run_s']:.0f} s in all, {r['reorder_s']:.1f} s of it reordering)", err)
 
     def test_same_seed_same_training_on_the_cpu(self):
         u, c = self.rows["unified"], self.rows["cpu_centric"]

@@ -90,6 +90,18 @@ class TestReorder(TestCase):
         score = access_frequency(g4, 2)
         self.assertTrue(bool((score[1:] <= score[:-1]).all()))
         self.assertEqual(score, access_frequency(g, 2)[ro4.perm])
+        # that score is the reorder's own, kept for the graph it made: no second pass over the
+        # edges (which begins by reading the CSR's arrays), and the same as such a pass gives
+        mod = sys.modules["torch_direct.gnn.graph.reorder"]
+        with mock.patch.object(mod, "_frequency_pass", side_effect=AssertionError("a second pass")):
+            kept = access_frequency(g4, 2)
+        self.assertEqual(kept, access_frequency(CSRGraph(g4.rowptr, g4.col), 2), atol=1e-5, rtol=1e-6)
+        kept.fill_(-1)   # the caller's copy: what is kept stays
+        self.assertEqual(access_frequency(g4, 2), score)
+        with mock.patch.object(mod, "_frequency_pass", wraps=mod._frequency_pass) as passes:
+            access_frequency(g4, 3)   # another fanout: computed
+            access_frequency(g3, 2)   # the reorder kept fanout -1's only
+        self.assertEqual(passes.call_count, 2)
         for bad in (0, -2, 1.5, True):
             with self.assertRaisesRegex(ValueError, "fanout"):
                 reorder(g, "frequency", fanout=bad)
@@ -321,6 +333,22 @@ class TestAblation(_Tiny):
         self.assertEqual(a["test_acc"], b["test_acc"])
         # Layer-wise inference visits nodes in id order: the same logits up to float rounding.
         self.assertLessEqual(abs(a["test_acc_full"] - b["test_acc_full"]), 2 / 900)
+
+    @requires_gpu
+    def test_a_frequency_reorder_and_the_cache_rank_the_rows_once(self):
+        # the cache ranks the reordered graph's rows by the score the reorder already computed
+        from argparse import ArgumentParser
+        from torch_direct.gnn.pipeline import train
+        mod = sys.modules["torch_direct.gnn.graph.reorder"]
+        p = ArgumentParser()
+        train.add_arguments(p)
+        args = p.parse_args(["--root", self.tmp.name, *FAST, "--device", "cuda", "--reorder", "frequency",
+                             "--cache-mb", "1"])
+        with mock.patch.object(mod, "_frequency_pass", wraps=mod._frequency_pass) as passes, \
+                contextlib.redirect_stdout(io.StringIO()):
+            rec = train.run(args)
+        self.assertEqual(passes.call_count, 1)
+        self.assertGreater(rec["feature_store"]["cache_rows"], 0)
 
     @requires_gpu
     def test_ablation_on_the_gpu_uses_the_cache(self):

@@ -149,7 +149,7 @@ def epoch_row(name: str, rec: dict, note: str) -> dict:
            "device": rec["device"], "graph": rec.get("graph"), "note": note}
     if "test_acc_full" in rec:
         row["test_acc_full"] = rec["test_acc_full"]
-    for k in ("feature_store", "block_mode", "num_workers", "cuda_graph"):
+    for k in ("feature_store", "block_mode", "num_workers", "cuda_graph", "reorder_s"):
         if k in rec:
             row[k] = rec[k]
     return row
@@ -281,7 +281,9 @@ def run_bench(args, path: Path | None = None) -> dict:
             if path is not None:
                 write_json(path, record)
             msg = f"epoch {row['epoch_s']:.3f} s" if row["status"] == "ok" else f"{row['status']}: {row['reason']}"
-            msg += f" ({row['run_s']:.0f} s in all)"
+            # a reorder is setup the epochs do not show: say what it took of the whole run
+            reordering = f", {row['reorder_s']:.1f} s of it reordering" if row.get("reorder_s") else ""
+            msg += f" ({row['run_s']:.0f} s in all{reordering})"
             print(f"{label}: {msg}", file=sys.stderr, flush=True)
     return record
 

@@ -18,6 +18,7 @@ nodes. Splits keep their order (``split_new = inv[split_old]``).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,10 @@ from .csr import CSRGraph, host_values
 ORDERS = ("degree", "frequency", "none")
 _EDGE_CHUNK = 1 << 26
 _ROW_CHUNK = 1 << 22
+# The score a frequency reorder ranked by, kept for the graph it made (in new ids), per fanout:
+# the cache that ranks the same graph's rows next reads it instead of a second pass over the
+# edges (a minute on a graph of billions of edges). Held only while that graph lives.
+_KNOWN_FREQUENCY: "weakref.WeakKeyDictionary[CSRGraph, dict[int, torch.Tensor]]" = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -78,15 +83,25 @@ def access_frequency(graph: CSRGraph, fanout: int = -1) -> torch.Tensor:
     not a proxy for it on a directed graph: on the synthetic presets the two are uncorrelated,
     and a cache of the longest rows holds only its own share of the reads (docs/pipeline.md).
     On an undirected graph with ``fanout=-1`` it equals the degree. Computed in chunks of about
-    ``_EDGE_CHUNK`` edges."""
+    ``_EDGE_CHUNK`` edges. For a graph that ``reorder(..., "frequency", fanout=)`` made, the
+    score it ranked by (permuted to the new ids) is returned without a pass over the edges."""
     _check_fanout(fanout, "access_frequency")
     if not isinstance(graph, CSRGraph):
         raise TypeError(f"access_frequency: graph must be a CSRGraph, got {type(graph).__name__}")
+    known = _KNOWN_FREQUENCY.get(graph, {}).get(fanout)
+    if known is not None:
+        return known.clone()   # the caller's own copy: the kept one must not change
+    return _frequency_pass(graph, fanout)
+
+
+def _frequency_pass(graph: CSRGraph, fanout: int) -> torch.Tensor:
+    """access_frequency's pass over the edges, in chunks."""
     rowptr = host_values(graph.rowptr).cpu()
     col = host_values(graph.col).cpu()
     n = graph.num_nodes
     deg = rowptr[1:] - rowptr[:-1]
-    weight = (torch.ones(n) if fanout < 0
+    ones = torch.ones(1)
+    weight = (None if fanout < 0   # every neighbour read: each edge counts 1
               else (float(fanout) / deg.clamp(min=1).to(torch.float64)).clamp_(max=1.0).float())
     out = torch.zeros(n, dtype=torch.float32)
     start = 0
@@ -96,12 +111,16 @@ def access_frequency(graph: CSRGraph, fanout: int = -1) -> torch.Tensor:
         end = min(max(end, start + 1), n)
         e0, e1 = int(rowptr[start]), int(rowptr[end])
         if e1 > e0:
-            out.index_add_(0, col[e0:e1].long(), torch.repeat_interleave(weight[start:end], deg[start:end]))
+            # the column indices as they are (int32 or int64): no widened copy of the chunk
+            src = (ones.expand(e1 - e0) if fanout < 0 else
+                   torch.repeat_interleave(weight[start:end], deg[start:end], output_size=e1 - e0))
+            out.index_add_(0, col[e0:e1], src)
         start = end
     return out
 
 
-def _order(graph: CSRGraph, by, fanout: int = -1) -> tuple[torch.Tensor, str]:
+def _order(graph: CSRGraph, by, fanout: int = -1) -> tuple[torch.Tensor, str, torch.Tensor | None]:
+    """(perm, the order's name, the score it ranked by or None)."""
     n = graph.num_nodes
     if isinstance(by, torch.Tensor):
         perm = by.cpu()
@@ -115,9 +134,9 @@ def _order(graph: CSRGraph, by, fanout: int = -1) -> tuple[torch.Tensor, str]:
         seen[perm] = True
         if not bool(seen.all()):
             raise ValueError("reorder: the given tensor is not a permutation (an id repeats)")
-        return perm, "custom"
+        return perm, "custom", None
     if by == "none":
-        return torch.arange(n), by
+        return torch.arange(n), by, None
     if by == "degree":          # row length
         score = graph.degree().cpu()
     elif by == "frequency":     # how often a node is someone's neighbour (sampled, so gathered)
@@ -125,7 +144,7 @@ def _order(graph: CSRGraph, by, fanout: int = -1) -> tuple[torch.Tensor, str]:
     else:
         raise ValueError(f"reorder: by must be one of {', '.join(ORDERS)} or a permutation tensor, got {by!r}")
     # Highest first; ties keep their original order (stable), so the result is deterministic.
-    return torch.sort(score, descending=True, stable=True).indices, by
+    return torch.sort(score, descending=True, stable=True).indices, by, score
 
 
 def relabel_graph(graph: CSRGraph, perm: torch.Tensor, inv: torch.Tensor, *, show_progress: bool = False) -> CSRGraph:
@@ -182,11 +201,13 @@ def reorder(obj, by="degree", *, fanout: int = -1, show_progress: bool = False):
     else:
         raise TypeError(f"reorder: expected a NodeDataset or a CSRGraph, got {type(obj).__name__}")
     _check_fanout(fanout, "reorder")
-    perm, name = _order(graph, by, fanout)
+    perm, name, score = _order(graph, by, fanout)
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.numel())
     ro = Reordering(perm, inv, name)
     new_graph = graph if name == "none" else relabel_graph(graph, perm, inv, show_progress=show_progress)
+    if name == "frequency":
+        _KNOWN_FREQUENCY.setdefault(new_graph, {})[fanout] = score[perm]   # node r's is old perm[r]'s
     if isinstance(obj, CSRGraph):
         return new_graph, ro
     if name == "none":
