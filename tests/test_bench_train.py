@@ -33,6 +33,15 @@ def bench(*argv):
     return rc, out.getvalue(), err.getvalue()
 
 
+def cpu_record(test, name: str, *argv):
+    """A bench train run on the CPU over the test's tiny data set, checked to succeed: (record, stdout, stderr)."""
+    path = os.path.join(test.tmp.name, name)
+    rc, out, err = bench("--root", test.tmp.name, *FAST, "--device", "cpu", *argv, "--out", path)
+    test.assertEqual(rc, 0, err)
+    with open(path) as f:
+        return json.load(f), out, err
+
+
 def hop_sample(graph, seeds, fanouts):
     """A PyG-shaped sampled subgraph (nodes and edges in hop order, per-hop counts), sampling
     the first ``fanout`` neighbours of each frontier node: what pyg-lib's sampler returns."""
@@ -129,12 +138,8 @@ class TestBenchTrainCPU(_Tiny):
             self.assertEqual(r["reorder_s"], 0.0)   # no --reorder: no setup spent on one
 
     def test_a_reorder_is_timed_apart(self):
-        path = os.path.join(self.tmp.name, "reorder.json")
-        rc, _, err = bench("--root", self.tmp.name, *FAST, "--device", "cpu", "--pipelines", "unified",
-                           "--reorder", "frequency", "--out", path)
-        self.assertEqual(rc, 0, err)
-        with open(path) as f:
-            r = json.load(f)["rows"][0]
+        rec, _, err = cpu_record(self, "reorder.json", "--pipelines", "unified", "--reorder", "frequency")
+        r = rec["rows"][0]
         self.assertGreater(r["reorder_s"], 0)
         self.assertLess(r["reorder_s"], r["run_s"])
         self.assertIn(f"({r['run_s']:.0f} s in all, {r['reorder_s']:.1f} s of it reordering)", err)
@@ -197,12 +202,7 @@ class TestRepeats(_Tiny):
     def test_median_run_and_every_run_kept(self):
         # Three turns of two pipelines on the CPU: each row is its pipeline's median run, with the
         # three runs' epoch times and accuracies; the ratio is that of the median runs.
-        path = os.path.join(self.tmp.name, "repeats.json")
-        rc, out, err = bench("--root", self.tmp.name, *FAST, "--device", "cpu", "--pipelines", "unified,cpu_centric",
-                             "--repeats", "3", "--out", path)
-        self.assertEqual(rc, 0, err)
-        with open(path) as f:
-            rec = json.load(f)
+        rec, out, err = cpu_record(self, "repeats.json", "--pipelines", "unified,cpu_centric", "--repeats", "3")
         rows = {r["pipeline"]: r for r in rec["rows"]}
         for name in ("unified", "cpu_centric"):
             runs = rows[name]["repeats"]["epoch_s"]
