@@ -347,6 +347,25 @@ class TestFeatureStores(TestCase):
         with self.assertRaisesRegex(ValueError, "degree"):
             make_feature_store("unified", self.x, "cuda", cache_bytes=1024)
 
+    def test_hybrid_read_puts_rows_back_and_casts_them(self):
+        # The hybrid read's own steps (the split's sort and its inverse, the bytes of float8 rows
+        # viewed back, the one cast and scale of the rows read) driven on the CPU, where the
+        # device's gather stands in for the CPU threads and the kernel (which need a GPU; the
+        # test above runs them): every split gives a plain read's rows, bit for bit.
+        cpu = torch.device("cpu")
+        idx = torch.randint(0, 500, (30, 100))
+        q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
+        for x, dtype, kw in ((self.x, None, {}), (self.x.half(), torch.float32, {}),
+                             (q, None, {"scale": scale}), (q, torch.bfloat16, {"scale": scale})):
+            store = make_feature_store("unified", x, "cpu", dtype, **kw)
+            want = store.gather(idx.reshape(-1)).view(30, 100, -1)
+            for split in ("index", "address"):
+                store.hybrid_split = split
+                got = store._read_hybrid(idx, cpu)
+                self.assertEqual(got.dtype, want.dtype)
+                self.assertEqual(got, want, atol=0, rtol=0, msg=str((x.dtype, dtype, split)))
+                self.assertEqual(store._read_hybrid(idx[:0], cpu).shape, (0, 100, x.shape[1]))
+
     @requires_gpu
     def test_hybrid_gathers_keep_rows(self):
         # CPU threads take a share of each gather (with and without the cache, with a cast from

@@ -230,23 +230,32 @@ class UnifiedFeatureStore(FeatureStore):
     def _read_hybrid(self, idx, device):
         """The hybrid gather: rows as the table stores them (a float8 table's as their bytes),
         then cast, and scaled, on the GPU, so that the CPU share moves the table's bytes."""
-        table = self.table if self.scale is None else self.table.view(torch.uint8)
         flat = idx.reshape(-1)
-        if self.hybrid_split == "address" and flat.numel():
+        if not flat.numel():
+            return torch.empty(*idx.shape, self.dim, dtype=self.dtype, device=device)
+        table = self.table if self.scale is None else self.table.view(torch.uint8)
+        scale = None if self.scale is None else (self.scale if device == self.device else self.scale.to(device))
+        if self.hybrid_split == "address":
             # The CPU threads take the first part of the index: sorted farthest rows first, that
             # is the table's far end, and the GPU reads the rest, nearer together (random rows
-            # read faster the narrower their span: docs/gather.md). Rows go back to their places.
-            far_first, order = torch.sort(flat, descending=True)
-            got = torch_direct.gather(table, far_first, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
-            rows = torch.empty_like(got)
-            rows[order] = got
+            # read faster the narrower their span: docs/gather.md).
+            read, order = torch.sort(flat, descending=True)
+            # entry i of the batch is the read's row back[i] (the sort's inverse permutation)
+            back = torch.empty_like(order)
+            back[order] = torch.arange(order.numel(), device=order.device)
         else:
-            rows = torch_direct.gather(table, flat, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
-        if self.scale is not None:
-            scale = self.scale if device == self.device else self.scale.to(device)
-            rows = dequantize(rows.view(self.table.dtype), scale[flat], self.dtype)
+            read, back = flat, None
+        got = torch_direct.gather(table, read, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
+        if scale is not None:
+            got = got.view(self.table.dtype)
+        if back is None and scale is None:
+            rows = got.to(self.dtype)
         else:
-            rows = rows.to(self.dtype)
+            # one pass on the GPU puts the rows in place and casts (scales) them as it writes,
+            # where a scatter and an upcast through float32 would write them three or four times
+            at = back if back is not None else torch.arange(got.shape[0], device=got.device)
+            rows = torch_direct.gather(got, at, dtype=self.dtype, scale=None if scale is None else scale[read],
+                                       order="as_is")
         return rows.view(*idx.shape, *rows.shape[1:])
 
     def stats(self) -> dict:
