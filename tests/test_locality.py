@@ -64,16 +64,22 @@ class TestReorder(TestCase):
 
     def test_chunked_relabel(self):
         mod = sys.modules["torch_direct.gnn.graph.reorder"]   # the module (the package exports the function)
-        g = random_graph(50, 400, 4, edge_ids=True)
-        whole, ro = reorder(g, "degree")
+        dense = random_graph(50, 400, 4, edge_ids=True)
+        sparse = random_graph(60, 40, 5, edge_ids=True)   # runs of empty rows, some at a chunk's edge
         saved = mod._EDGE_CHUNK
         try:
-            for chunk in (1, 7, 64):
-                mod._EDGE_CHUNK = chunk
-                part = relabel_graph(g, ro.perm, ro.inv)
-                self.assertEqual(part.rowptr, whole.rowptr)
-                self.assertEqual(part.col, whole.col)
-                self.assertEqual(part.edge_ids, whole.edge_ids)
+            for g in (dense, sparse, CSRGraph(sparse.rowptr, sparse.col.int(), sparse.edge_ids)):
+                mod._EDGE_CHUNK = saved
+                whole, ro = reorder(g, "degree")
+                rowptr, cols, eids = brute_force_relabel(g, ro.perm)
+                self.assertEqual(whole.col.tolist(), cols)
+                for chunk in (1, 2, 7, 64):
+                    mod._EDGE_CHUNK = chunk
+                    part = relabel_graph(g, ro.perm, ro.inv)
+                    self.assertEqual(part.rowptr.tolist(), rowptr)
+                    self.assertEqual(part.col, whole.col)
+                    self.assertEqual(part.col.dtype, g.col.dtype)
+                    self.assertEqual(part.edge_ids.tolist(), eids)
         finally:
             mod._EDGE_CHUNK = saved
 
@@ -121,9 +127,18 @@ class TestReorder(TestCase):
         whole = access_frequency(big, 5)
         saved = mod._EDGE_CHUNK
         try:
+            sparse = random_graph(60, 40, 5)   # runs of empty rows
             for chunk in (1, 13, 400):
                 mod._EDGE_CHUNK = chunk
                 self.assertEqual(access_frequency(big, 5), whole, atol=1e-4, rtol=1e-5)
+                self.assertEqual(access_frequency(CSRGraph(big.rowptr, big.col.int()), 5), whole, atol=1e-4, rtol=1e-5)
+                for fanout in (-1, 1):
+                    want = torch.zeros(60)   # each row's neighbours, weighted min(1, fanout / its length)
+                    for r in range(60):
+                        nb = sparse.col[sparse.rowptr[r]:sparse.rowptr[r + 1]]
+                        if nb.numel():
+                            want[nb] += 1.0 if fanout < 0 else min(1.0, fanout / nb.numel())
+                    self.assertEqual(access_frequency(sparse, fanout), want, atol=1e-6, rtol=1e-6)
         finally:
             mod._EDGE_CHUNK = saved
         self.assertEqual(access_frequency(big.to("unified") if torch.cuda.is_available() else big, 5), whole)

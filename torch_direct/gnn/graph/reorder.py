@@ -74,6 +74,40 @@ def _check_fanout(fanout, who: str) -> None:
         raise ValueError(f"{who}: fanout must be a positive int or -1 (all neighbours), got {fanout!r}")
 
 
+def _edge_chunks(rowptr: torch.Tensor) -> list[tuple[int, int]]:
+    """Row ranges ``[a, b)`` of about ``_EDGE_CHUNK`` edges each (a longer row is a chunk of its
+    own), covering every edge: a pass over them keeps its temporaries that small."""
+    bounds = torch.searchsorted(rowptr, torch.arange(0, int(rowptr[-1]), _EDGE_CHUNK), right=True) - 1
+    bounds = torch.unique(torch.cat([bounds, torch.tensor([rowptr.numel() - 1])])).tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+class _PerSlot:
+    """For each edge slot of a chunk of rows, a value of the row it belongs to, in buffers made
+    once for the largest chunk: fresh ones for every chunk would be faulted in page by page,
+    which took longer than the work. Each row's change of value is marked where the row starts
+    (an empty row's where the next one starts) and a running sum gives every slot its row's."""
+
+    def __init__(self, rowptr: torch.Tensor, chunks: list[tuple[int, int]]):
+        self.rowptr = rowptr
+        cap = max((int(rowptr[b] - rowptr[a]) for a, b in chunks), default=0)
+        self.marks = torch.empty(cap + 1, dtype=torch.int64)
+        self.out = torch.empty(cap, dtype=torch.int64)
+        self.one = torch.ones(1, dtype=torch.int64)
+
+    def __call__(self, a: int, b: int, values: torch.Tensor | None = None) -> torch.Tensor:
+        """``values[r]`` (int64, one per row of ``[a, b)``) at every slot of row ``r``; without
+        ``values``, the row's number counted from ``a``."""
+        lo, hi = int(self.rowptr[a]), int(self.rowptr[b])
+        marks = self.marks[:hi - lo + 1].zero_()
+        if values is None:
+            starts = self.rowptr[a + 1:b] - lo
+            marks.index_add_(0, starts, self.one.expand(starts.numel()))
+        else:
+            marks.index_add_(0, self.rowptr[a:b] - lo, torch.diff(values, prepend=values.new_zeros(1)))
+        return torch.cumsum(marks[:hi - lo], 0, out=self.out[:hi - lo])
+
+
 def access_frequency(graph: CSRGraph, fanout: int = -1) -> torch.Tensor:
     """How often each node is read as a neighbour when every node draws ``fanout`` of its
     neighbours uniformly without replacement (all of them with ``-1``): for node ``v``, the sum
@@ -104,18 +138,15 @@ def _frequency_pass(graph: CSRGraph, fanout: int) -> torch.Tensor:
     weight = (None if fanout < 0   # every neighbour read: each edge counts 1
               else (float(fanout) / deg.clamp(min=1).to(torch.float64)).clamp_(max=1.0).float())
     out = torch.zeros(n, dtype=torch.float32)
-    start = 0
-    while start < n:
-        # rows [start, end) hold about _EDGE_CHUNK edges (at least one row)
-        end = int(torch.searchsorted(rowptr, rowptr[start] + _EDGE_CHUNK, right=True)) - 1
-        end = min(max(end, start + 1), n)
-        e0, e1 = int(rowptr[start]), int(rowptr[end])
-        if e1 > e0:
-            # the column indices as they are (int32 or int64): no widened copy of the chunk
-            src = (ones.expand(e1 - e0) if fanout < 0 else
-                   torch.repeat_interleave(weight[start:end], deg[start:end], output_size=e1 - e0))
-            out.index_add_(0, col[e0:e1], src)
-        start = end
+    chunks = _edge_chunks(rowptr)
+    row_of = None if fanout < 0 else _PerSlot(rowptr, chunks)
+    src = None if fanout < 0 else torch.empty(row_of.out.numel(), dtype=torch.float32)
+    for a, b in chunks:
+        e0, e1 = int(rowptr[a]), int(rowptr[b])
+        # each edge's weight is its row's; the column indices as they are (int32 or int64)
+        w = ones.expand(e1 - e0) if fanout < 0 else torch.index_select(weight[a:b], 0, row_of(a, b),
+                                                                       out=src[:e1 - e0])
+        out.index_add_(0, col[e0:e1], w)
     return out
 
 
@@ -162,20 +193,23 @@ def relabel_graph(graph: CSRGraph, perm: torch.Tensor, inv: torch.Tensor, *, sho
     start_old = rowptr[:-1][perm]
     col_new = torch.empty_like(col)
     eids_new = None if eids is None else torch.empty_like(eids)
+    inv = inv.to(col.dtype)   # new ids in the column array's own type: mapped straight into place
     e = graph.num_edges
-    # Row boundaries so that each chunk holds about _EDGE_CHUNK edges (a longer row is one chunk).
-    bounds = torch.searchsorted(rowptr_new, torch.arange(0, e, _EDGE_CHUNK), right=True) - 1
-    bounds = torch.unique(torch.cat([bounds, torch.tensor([graph.num_nodes])])).tolist()
+    chunks = _edge_chunks(rowptr_new)
+    per_slot = _PerSlot(rowptr_new, chunks)
+    cap = per_slot.out.numel()
+    ramp, old_col = torch.empty(cap, dtype=torch.int64), torch.empty(cap, dtype=col.dtype)
+    # Slot j of new row r is slot (rowptr[perm[r]] + j - rowptr_new[r]) of the old arrays.
+    offset = start_old - rowptr_new[:-1]
     with progress(e, "reorder: CSR entries", enabled=show_progress and e >= 1 << 27) as bar:
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        for a, b in chunks:
             lo, hi = int(rowptr_new[a]), int(rowptr_new[b])
-            # Slot j of new row r is slot (rowptr[perm[r]] + j - rowptr_new[r]) of the old arrays.
-            src = torch.repeat_interleave(start_old[a:b] - rowptr_new[a:b], deg_new[a:b], output_size=hi - lo)
-            src.add_(torch.arange(lo, hi))
-            col_new[lo:hi] = inv[col[src].long()]
+            m = hi - lo
+            at = per_slot(a, b, offset[a:b]).add_(torch.arange(lo, hi, out=ramp[:m]))
+            torch.index_select(inv, 0, torch.index_select(col, 0, at, out=old_col[:m]), out=col_new[lo:hi])
             if eids is not None:
-                eids_new[lo:hi] = eids[src]
-            bar.update(hi - lo)
+                torch.index_select(eids, 0, at, out=eids_new[lo:hi])
+            bar.update(m)
     out = CSRGraph(rowptr_new, col_new, eids_new, validate=False)
     return out if graph.device.type == "cpu" else out.to(graph.device)
 
