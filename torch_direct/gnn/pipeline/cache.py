@@ -9,7 +9,7 @@ import torch
 
 import torch_direct
 from . import _features
-from .features import FeatureStore, UnifiedFeatureStore
+from .features import FeatureStore, UnifiedFeatureStore, take_rows
 
 
 # what the fused pass casts between (csrc/aten/RowGather.h)
@@ -131,10 +131,14 @@ class CachedFeatureStore(FeatureStore):
         # writing the batch in order, where taking the hits apart would compact them and
         # scatter them back, a second pass over the batch's rows.
         at = slot.clamp(min=0).long()
-        # one pass: each row read from the cache and cast (a float8 row scaled) as it is written,
-        # where index_select and then a cast write the batch's rows twice (a float8 batch's
-        # through float32 buffers: four passes over the batch on the device)
-        out = torch_direct.gather(self.cache, at, dtype=self.dtype, scale=self.cache_scale, order="as_is")
+        if self.cache_scale is None and self.cache.dtype == self.dtype:
+            out = take_rows(self.cache, at)   # rows as they are: one pass, and no wait on the device
+        else:
+            # one pass: each row read from the cache and cast (a float8 row scaled) as it is
+            # written, where index_select and then a cast write the batch's rows twice (a float8
+            # batch's through float32 buffers: four passes over the batch on the device); the
+            # gather's bounds check waits for the lookup above, which is all its stream holds
+            out = torch_direct.gather(self.cache, at, dtype=self.dtype, scale=self.cache_scale, order="as_is")
         if miss.numel():
             out[miss] = self.store.read(idx[miss], device)
         return out

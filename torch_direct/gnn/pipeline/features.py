@@ -239,21 +239,22 @@ class UnifiedFeatureStore(FeatureStore):
             # The CPU threads take the first part of the index: sorted farthest rows first, that
             # is the table's far end, and the GPU reads the rest, nearer together (random rows
             # read faster the narrower their span: docs/gather.md).
-            read, order = torch.sort(flat, descending=True)
-            # entry i of the batch is the read's row back[i] (the sort's inverse permutation)
-            back = torch.empty_like(order)
-            back[order] = torch.arange(order.numel(), device=order.device)
+            read, order = torch.sort(flat, descending=True)   # the batch's row i is read's order^-1[i]
         else:
-            read, back = flat, None
+            read, order = flat, None
         got = torch_direct.gather(table, read, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
         if scale is not None:
             got = got.view(self.table.dtype)
-        if back is None and scale is None:
-            rows = got.to(self.dtype)
+        if scale is None and got.dtype == self.dtype:
+            rows = got
+            if order is not None:   # back in place: one scatter, with no wait on the device
+                rows = torch.empty_like(got)
+                rows[order] = got
         else:
             # one pass on the GPU puts the rows in place and casts (scales) them as it writes,
             # where a scatter and an upcast through float32 would write them three or four times
-            at = back if back is not None else torch.arange(got.shape[0], device=got.device)
+            ramp = torch.arange(got.shape[0], device=got.device)
+            at = ramp if order is None else torch.empty_like(ramp).scatter_(0, order, ramp)  # the sort's inverse
             rows = torch_direct.gather(got, at, dtype=self.dtype, scale=None if scale is None else scale[read],
                                        order="as_is")
         return rows.view(*idx.shape, *rows.shape[1:])
