@@ -93,18 +93,12 @@ class _PerSlot:
         cap = max((int(rowptr[b] - rowptr[a]) for a, b in chunks), default=0)
         self.marks = torch.empty(cap + 1, dtype=torch.int64)
         self.out = torch.empty(cap, dtype=torch.int64)
-        self.one = torch.ones(1, dtype=torch.int64)
 
-    def __call__(self, a: int, b: int, values: torch.Tensor | None = None) -> torch.Tensor:
-        """``values[r]`` (int64, one per row of ``[a, b)``) at every slot of row ``r``; without
-        ``values``, the row's number counted from ``a``."""
+    def __call__(self, a: int, b: int, values: torch.Tensor) -> torch.Tensor:
+        """``values[r]`` (int64, one per row of ``[a, b)``) at every slot of row ``r``."""
         lo, hi = int(self.rowptr[a]), int(self.rowptr[b])
         marks = self.marks[:hi - lo + 1].zero_()
-        if values is None:
-            starts = self.rowptr[a + 1:b] - lo
-            marks.index_add_(0, starts, self.one.expand(starts.numel()))
-        else:
-            marks.index_add_(0, self.rowptr[a:b] - lo, torch.diff(values, prepend=values.new_zeros(1)))
+        marks.index_add_(0, self.rowptr[a:b] - lo, torch.diff(values, prepend=values.new_zeros(1)))
         return torch.cumsum(marks[:hi - lo], 0, out=self.out[:hi - lo])
 
 
@@ -144,8 +138,10 @@ def _frequency_pass(graph: CSRGraph, fanout: int) -> torch.Tensor:
     for a, b in chunks:
         e0, e1 = int(rowptr[a]), int(rowptr[b])
         # each edge's weight is its row's; the column indices as they are (int32 or int64)
-        w = ones.expand(e1 - e0) if fanout < 0 else torch.index_select(weight[a:b], 0, row_of(a, b),
-                                                                       out=src[:e1 - e0])
+        if fanout < 0:
+            w = ones.expand(e1 - e0)
+        else:
+            w = torch.index_select(weight, 0, row_of(a, b, torch.arange(a, b)), out=src[:e1 - e0])
         out.index_add_(0, col[e0:e1], w)
     return out
 
