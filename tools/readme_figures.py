@@ -65,9 +65,14 @@ PAPERS_BF16 = {"unified": "train_papers100M-like_graphed-3a84d0f_bf16_unified_bu
                "gpu_resident high": "train_papers100M-like_graphed-3a84d0f_bf16_gpu-resident_buffers2_ahead2_step-high.json"}
 
 
+def first_rows(r, names):
+    """The first row of each named record, and their test accuracies as the README writes them."""
+    rows = [r[n]["rows"][0] for n in names]
+    return rows, " / ".join(f"{row['test_acc']:.4f}" for row in rows)
+
+
 def _papers_bf16(r):
-    u, g, h = (r[n]["rows"][0] for n in PAPERS_BF16.values())
-    accs = " / ".join(f"{row['test_acc']:.4f}" for row in (u, g, h))
+    (u, g, h), accs = first_rows(r, PAPERS_BF16.values())
     return (f"{s(u['epoch_s'], 2)} / {s(g['epoch_s'], 2)} ({x(u['epoch_s'] / g['epoch_s'], 2)}) / "
             f"{s(h['epoch_s'], 2)}; test accuracy {accs}")
 
@@ -116,8 +121,7 @@ PAPERS_H100 = {"float16": "train_papers100M-like_reorder-5e7d4d2_h100_bf16_frequ
 
 
 def _papers_h100(r):
-    h, e, g = (r[n]["rows"][0] for n in PAPERS_H100.values())
-    accs = " / ".join(f"{row['test_acc']:.4f}" for row in (h, e, g))
+    (h, e, g), accs = first_rows(r, PAPERS_H100.values())
     return (f"{s(h['epoch_s'], 2)} / {s(e['epoch_s'], 2)} / {s(g['epoch_s'], 2)} (float8 against it: "
             f"{x(e['epoch_s'] / g['epoch_s'], 2)}); test accuracy {accs}")
 
