@@ -49,7 +49,8 @@
 #   order of REORDER_LIST (default "none frequency": `--reorder frequency`, hottest rows first, so
 #   that a cache's misses fall in the table's cold half; REORDER=degree|frequency sets it for any
 #   papers-graphed run; HYBRID_SPLIT=address for any step: the CPU threads take each gather's
-#   farthest rows, the GPU the nearer ones).
+#   farthest rows, the GPU the nearer ones; GATHER_WORKERS=N for any papers-graphed unified run:
+#   `--gather-workers N`, N gathers in flight, each on its own thread and stream).
 # - papers-fused-sms: papers-cached-gather's fused run with `--gather-sms N` for each N of
 #   GATHER_SMS_LIST (default "66 33") and gather_kernel=rowblock (one block a row under the cap).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
@@ -188,7 +189,7 @@ papers_graphed() {  # papers-graphed (its options in the environment, as the hea
   papers_data_once
   local common fd tag threads p
   common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph ${GRAPH_BUFFERS:-1} --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32} --step-priority ${STEP_PRIORITY:-normal} --reorder ${REORDER:-none}"
-  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG${GATHER_SMS:+_gather-sms$GATHER_SMS}${REORDER:+_reorder-$REORDER}${CACHE_MB:+_cache$CACHE_MB}${GATHER_THREADS:+_threads$GATHER_THREADS}
+  fd=${FEATURE_DTYPE:-stored}; tag=${PRECISION:-fp32}${FEATURE_DTYPE:+_$FEATURE_DTYPE}${GRAPH_BUFFERS:+_buffers$GRAPH_BUFFERS}${AHEAD:+_ahead$AHEAD}${STEP_PRIORITY:+_step-$STEP_PRIORITY}$CG${GATHER_SMS:+_gather-sms$GATHER_SMS}${REORDER:+_reorder-$REORDER}${CACHE_MB:+_cache$CACHE_MB}${GATHER_THREADS:+_threads$GATHER_THREADS}${GATHER_WORKERS:+_workers$GATHER_WORKERS}
   # the hybrid gather's CPU threads (GATHER_THREADS, default 12; none with the one-pass cached
   # gather, which reads every miss on the GPU)
   threads="--gather-cpu-threads ${GATHER_THREADS:-12}"
@@ -200,7 +201,8 @@ papers_graphed() {  # papers-graphed (its options in the environment, as the hea
     case "$p" in
       gpu_resident) bench "papers100M-like_graphed_gpu-resident_$tag" $(( limit - 50 )) $common --pipelines gpu_resident --feature-dtype "$fd" ;;
       unified) bench "papers100M-like_graphed_unified_$tag" "$limit" $common --pipelines unified --feature-dtype "$fd" \
-        --cache-mb "${CACHE_MB:-13500}" $threads ${GATHER_SMS:+--gather-sms $GATHER_SMS} ;;
+        --cache-mb "${CACHE_MB:-13500}" $threads ${GATHER_SMS:+--gather-sms $GATHER_SMS} \
+        ${GATHER_WORKERS:+--gather-workers $GATHER_WORKERS} ;;
       *) echo "papers-graphed: unknown pipeline $p in GRAPHED_PIPELINES (gpu_resident, unified)" >&2 ;;
     esac
   done

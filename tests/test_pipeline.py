@@ -652,10 +652,118 @@ class TestPipelinedLoader(TestCase):
             self.assertEqual(got, 4)
         self.assertEqual(_loader_threads(), [])
 
+    def test_gathering_threads_give_the_same_batches_in_order(self):
+        from torch_direct.gnn.graph import GPUNeighborSampler
+
+        def epochs(workers, ahead, merge):
+            gs = GPUNeighborSampler(self.ds.graph, [5, 3], seed=2, device="cpu")   # the GPU steps, on the CPU
+            out = []
+            with self.loader(gs, prefetch=2, sample_ahead=ahead, merge_gathers=merge, gather_workers=workers,
+                             generator=torch.Generator().manual_seed(1)) as loader:
+                for _ in range(2):
+                    batches = []
+                    for i, b in enumerate(loader):
+                        if i == 0 and workers > 1:
+                            self.assertEqual(sorted(t.name for t in _loader_threads()
+                                                    if t.name.startswith("torch_direct-loader")),
+                                             [f"torch_direct-loader-{k}" for k in range(workers)])
+                        self.assertEqual(b.x, self.ds.x[b.n_id])
+                        self.assertEqual(b.y, self.ds.y[b.n_id[:b.batch_size]])
+                        batches.append((b.n_id, [ei for ei, _, _ in b.adjs]))
+                    out.append(batches)
+                    st = loader.stats()
+                    self.assertEqual(st["batches"], len(batches))
+                    self.assertGreater(st["busy"]["gather"], 0)
+            return out
+
+        for ahead, merge in ((1, 1), (2, 1), (1, 2)):
+            one = epochs(1, ahead, merge)
+            self.assertGreater(len(one[0]), 8)   # more gathers than threads and queue places
+            for workers in (2, 3):
+                many = epochs(workers, ahead, merge)
+                for e1, e2 in zip(one, many, strict=True):
+                    self.assertEqual(len(e1), len(e2))
+                    for (n1, a1), (n2, a2) in zip(e1, e2):
+                        self.assertEqual(n1, n2, msg=f"workers={workers} sample_ahead={ahead} merge={merge}")
+                        self.assertEqual(a1, a2)
+
+    def test_gathering_threads_gather_at_once(self):
+        # The first read waits (up to 5 s) for a second one to start: only a second gathering
+        # thread can start it, while the first thread is inside its gather.
+        store = make_feature_store("unified", self.ds.x, "cpu")
+        inner, lock, met = store.read, threading.Lock(), threading.Event()
+        state = {"now": 0, "most": 0, "reads": 0}
+
+        def read(idx, device):
+            with lock:
+                state["now"] += 1
+                state["reads"] += 1
+                first = state["reads"] == 1
+                state["most"] = max(state["most"], state["now"])
+                if state["now"] >= 2:
+                    met.set()
+            try:
+                if first:
+                    met.wait(5)
+                return inner(idx, device)
+            finally:
+                with lock:
+                    state["now"] -= 1
+
+        store.read = read
+        with PipelinedLoader(self.sampler, store, self.ids, 128, labels=self.ds.y, prefetch=2, sample_ahead=True,
+                             gather_workers=2, shuffle=False) as loader:
+            got = [b.n_id[:b.batch_size] for b in loader]
+        self.assertTrue(met.is_set())
+        self.assertEqual(state["most"], 2)
+        self.assertEqual(torch.cat(got), self.ids)   # in the epoch's order all the same
+
+    def test_gathering_threads_count_a_caches_hits_once(self):
+        # Gathers of several threads at once count into one store: the hit rate is the one
+        # thread's, for the one-pass cached gather and the split one.
+        from torch_direct.gnn.graph import access_frequency
+        degree = access_frequency(self.ds.graph, 3)
+        for mode in ("fused", "split"):
+            rates = {}
+            for workers in (1, 3):
+                with torch_direct.experimental(cached_gather=mode):
+                    store = make_feature_store("unified", self.ds.x, "cpu", cache_bytes=self.ds.x[0].nbytes * 300,
+                                               degree=degree)
+                self.assertEqual(store._fused is None, mode == "split")
+                sampler = NeighborSampler(self.ds.graph, [5, 3], seed=3)
+                with PipelinedLoader(sampler, store, self.ids, 64, prefetch=2, sample_ahead=True,
+                                     gather_workers=workers, generator=torch.Generator().manual_seed(5)) as loader:
+                    for _ in range(3):
+                        for b in loader:
+                            self.assertEqual(b.x, self.ds.x[b.n_id])
+                rates[workers] = (store.lookups, store.stats()["cache_hit_rate"])
+            self.assertEqual(rates[1], rates[3], msg=mode)
+            self.assertGreater(rates[1][1], 0.0)
+
+    def test_gathering_thread_errors_surface_in_their_turn(self):
+        store = make_feature_store("unified", self.ds.x, "cpu")
+        inner, third = store.read, int(self.ids[256])
+
+        def read(idx, device):
+            if int(idx[0]) == third:   # the third batch's first seed
+                raise KeyError("gather broke on purpose")
+            return inner(idx, device)
+
+        store.read = read
+        for workers in (2, 3):
+            with PipelinedLoader(self.sampler, store, self.ids, 128, labels=self.ds.y, prefetch=2, shuffle=False,
+                                 sample_ahead=True, gather_workers=workers) as loader:
+                got = []
+                with self.assertRaisesRegex(KeyError, "on purpose"):
+                    for b in loader:
+                        got.append(b.n_id[:b.batch_size])
+                self.assertEqual(torch.cat(got), self.ids[:256])   # the two before it, in order
+            self.assertEqual(_loader_threads(), [])
+
     def test_worker_error_surfaces_in_the_loop(self):
-        for prefetch, ahead in ((0, False), (2, False), (2, True)):
+        for prefetch, ahead, workers in ((0, False, 1), (2, False, 1), (2, True, 1), (2, True, 2), (2, True, 3)):
             sampler = _ListSampler(self.sampler, fail_at=3)
-            with self.loader(sampler, prefetch=prefetch, sample_ahead=ahead) as loader:
+            with self.loader(sampler, prefetch=prefetch, sample_ahead=ahead, gather_workers=workers) as loader:
                 got = 0
                 with self.assertRaisesRegex(KeyError, "on purpose"):
                     for _ in loader:
@@ -691,6 +799,11 @@ class TestPipelinedLoader(TestCase):
             PipelinedLoader(self.sampler, self.store, self.ids, 8, sample_ahead=-1)
         with self.assertRaisesRegex(ValueError, "sample_ahead=2 needs a GPUNeighborSampler"):
             PipelinedLoader(self.sampler, self.store, self.ids, 8, sample_ahead=2)
+        for bad in (0, -1, True, 1.5):
+            with self.assertRaisesRegex(ValueError, "gather_workers must be an int >= 1"):
+                PipelinedLoader(self.sampler, self.store, self.ids, 8, sample_ahead=True, gather_workers=bad)
+        with self.assertRaisesRegex(ValueError, "gather_workers=2 takes its batches from sampling threads"):
+            PipelinedLoader(self.sampler, self.store, self.ids, 8, gather_workers=2)
         with self.assertRaisesRegex(TypeError, "FeatureStore"):
             PipelinedLoader(self.sampler, self.ds.x, self.ids, 8)
         with self.assertRaisesRegex(TypeError, "sample"):
@@ -725,6 +838,33 @@ class TestPipelinedLoader(TestCase):
             for (n_a, x_a), (n_b, x_b) in zip(epochs["normal"], epochs["high"]):
                 self.assertEqual(n_a, n_b)
                 self.assertEqual(x_a, x_b)
+
+    @requires_gpu
+    def test_gathering_threads_on_the_gpu(self):
+        from torch_direct.gnn.graph import GPUNeighborSampler, access_frequency
+        stores = {kind: (lambda kind=kind: make_feature_store(kind, self.ds.x, "cuda")) for kind in KINDS}
+        # the split cached gather (a count of the misses waits for the device) over the hybrid one
+        # (its CPU share waits for its index): the gathers that make a thread wait
+        stores["unified, cached, hybrid"] = lambda: make_feature_store(
+            "unified", self.ds.x, "cuda", cache_bytes=self.ds.x[0].nbytes * 200,
+            degree=access_frequency(self.ds.graph, 3), cpu_threads=2)
+        for name, make in stores.items():
+            epochs, hits = {}, {}
+            for workers in (1, 2):
+                store = make()
+                gs = GPUNeighborSampler(self.ds.graph.to("unified"), [5, 3], seed=4)
+                with PipelinedLoader(gs, store, self.ids, 128, labels=self.ds.y.cuda(), prefetch=2, shuffle=False,
+                                     sample_ahead=2, gather_workers=workers) as loader:
+                    self.assertEqual(len(set(map(id, loader._stages.gather_streams))), workers)
+                    epochs[workers] = [(b.n_id.cpu(), b.x.cpu(), b.y.cpu()) for b in loader]
+                hits[workers] = store.stats().get("cache_hit_rate")
+            self.assertEqual(len(epochs[1]), len(epochs[2]), msg=name)
+            for (n1, x1, y1), (n2, x2, y2) in zip(epochs[1], epochs[2]):
+                self.assertEqual(n1, n2, msg=name)
+                self.assertEqual(x2, self.ds.x[n2], msg=name)
+                self.assertEqual(x1, x2, msg=name)
+                self.assertEqual(y1, y2, msg=name)
+            self.assertEqual(hits[1], hits[2], msg=name)
 
     @requires_gpu
     def test_gpu_batches_on_a_side_stream(self):

@@ -197,6 +197,9 @@ class TestTrain(TestCase):
                          (["--device", "cpu", "--gather-sms", "8"], "no effect with --device cpu"),
                          (["--device", "cpu", "--gather-cpu-threads", "2"], "no effect with --device cpu"),
                          (["--sample-ahead", "--prefetch", "0"], "--sample-ahead needs --prefetch > 0"),
+                         (["--gather-workers", "2"], "--gather-workers 2 takes its batches from sampling threads"),
+                         (["--gather-workers", "2", "--pipeline", "pyg"],
+                          "--gather-workers does not apply to --pipeline pyg"),
                          (["--feature-dtype", "fp8", "--pipeline", "pyg"], "--feature-dtype does not apply"),
                          (["--graph", "gpu", "--sampler", "cpu", "--device", "cpu"], "needs a CUDA device")):
             err = io.StringIO()

@@ -180,6 +180,8 @@ def pipeline_args(name: str, args, device):
                                     ("sampler", "auto", "--sampler does not apply: PyG samples in its loader"),
                                     ("sample_ahead", False, "no sample-ahead: PyG's workers sample and slice "
                                                             "together"),
+                                    ("gather_workers", 1, "one gathering thread: PyG's workers sample and "
+                                                          "slice together"),
                                     ("loader_priority", "normal", "no stream priority: PyG's loader has no "
                                                                   "CUDA streams")):
             if getattr(args, attr) != default:

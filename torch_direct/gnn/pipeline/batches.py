@@ -132,13 +132,15 @@ class PipelinedBatches:
         def loader(ids, fanouts, seed, batch_size, **kw):
             return PipelinedLoader(make_sampler(fanouts, seed), self.store, ids, batch_size, labels=labels,
                                    device=device, prefetch=args.prefetch, merge_gathers=merge, shard=shard,
-                                   sample_ahead=args.sample_ahead, stream_priority=args.loader_priority, **kw)
+                                   sample_ahead=args.sample_ahead, stream_priority=args.loader_priority,
+                                   gather_workers=getattr(args, "gather_workers", 1), **kw)
 
         self._loader, self._eval_batch = loader, args.eval_batch_size
         self.train = loader(ds.split["train"], args.fanouts, sample_seed, args.batch_size,
                             generator=torch.Generator().manual_seed(args.seed))
         self.info = {"sampler": "gpu" if use_gpu_sampler else "cpu", "graph": graph.device.type,
                      "loader_priority": args.loader_priority, "merge_gathers": merge,
+                     "gather_workers": getattr(args, "gather_workers", 1),
                      "feature_dtype": str(self.store.source_dtype).replace("torch.", "")
                      + (" with row scales" if self.store.scaled else "")}
         self._args, self._ctx, self._device = args, ctx, device
@@ -164,5 +166,6 @@ class PipelinedBatches:
                 + (f", loader streams at {a.loader_priority} priority" if a.loader_priority != "normal" else "")
                 + reorder_text
                 + (f", {merge} batches per gather" if merge > 1 else "")
+                + (f", {info['gather_workers']} gathering threads" if info["gather_workers"] > 1 else "")
                 + (f"\n  {ctx.world} processes ({ctx.backend}), one host copy per node in shared memory"
                    if ctx is not None else ""))

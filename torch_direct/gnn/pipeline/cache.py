@@ -5,6 +5,8 @@ a gather of each part)."""
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 import torch_direct
@@ -73,6 +75,7 @@ class CachedFeatureStore(FeatureStore):
         self.cache_rows = min(self.num_rows, cache_bytes // max(1, store.row_bytes))
         self.cache = self.cache_scale = self.slot = None
         self.hits = self.lookups = 0
+        self._count_lock = threading.Lock()   # gathers of several loader threads count here
         if self.cache_rows:
             hot = torch.topk(degree.cpu().float(), self.cache_rows, sorted=False).indices.sort().values
             # the rows as the table holds them, read once (a unified table by the GPU's gather)
@@ -125,8 +128,9 @@ class CachedFeatureStore(FeatureStore):
         idx = idx.to(device, non_blocking=True)
         slot = self.slot[idx]
         miss = torch.nonzero(slot < 0).squeeze(1)   # one sync: the misses' count sizes their gather
-        self.hits += idx.numel() - miss.numel()
-        self.lookups += idx.numel()
+        with self._count_lock:
+            self.hits += idx.numel() - miss.numel()
+            self.lookups += idx.numel()
         # Every position reads the cache, a miss its row 0 (overwritten below): one gather
         # writing the batch in order, where taking the hits apart would compact them and
         # scatter them back, a second pass over the batch's rows.
@@ -157,9 +161,15 @@ class CachedFeatureStore(FeatureStore):
         pos = None
         if sort:
             idx, pos = torch.sort(idx)
+        # On a GPU the pass counts into the store's counters with atomics; the CPU pass adds its
+        # count once at its end, not atomically, so each CPU call counts apart, added here.
+        counts = self._counts if device.type == "cuda" else torch.zeros_like(self._counts)
         _features.cached_gather(table, self.cache, self.slot, idx.contiguous(), pos, out, scale,
-                                self.cache_scale, self._counts, getattr(self.store, "max_sms", None) or 0)
-        self.lookups += out.shape[0]
+                                self.cache_scale, counts, getattr(self.store, "max_sms", None) or 0)
+        with self._count_lock:
+            self.lookups += out.shape[0]
+            if counts is not self._counts:
+                self._counts += counts
         return out
 
     def stats(self) -> dict:

@@ -9,7 +9,9 @@ overlap with the current training step.
     ...         print(loader.stats())             # busy and exposed seconds per stage
 
 One producer thread per epoch samples a batch, gathers its features and moves its blocks and
-labels to the device, then puts it into a queue of at most ``prefetch`` batches. On CUDA that
+labels to the device, then puts it into a queue of at most ``prefetch`` batches (with
+``gather_workers=k``, k such threads take the sampled batches in turn, each on its own
+stream, and queue them in order). On CUDA that
 work is queued on a side stream; each batch carries an event recorded after its work, the
 consumer's stream waits for that event, and every tensor of the batch gets ``record_stream``
 of the consumer's stream, so the caching allocator cannot hand its memory to the producer
@@ -19,8 +21,9 @@ With ``merge_gathers=k`` the producer samples ``k`` batches, gathers the union o
 in one sorted gather (a locality lever: each row read once, reads in address order) and gives
 each batch its rows by position; batches and their features are the same as without it.
 
-Stage times: ``busy`` is the time each stage took in the producer (on a GPU the longer of its
-host time and its stream time between CUDA events; ``perf_counter`` on the CPU), ``wait`` the time the training loop stood waiting for a batch (the
+Stage times: ``busy`` is the time each stage took in the producer, summed over a stage's
+threads (on a GPU the longer of its host time and its stream time between CUDA events;
+``perf_counter`` on the CPU), ``wait`` the time the training loop stood waiting for a batch (the
 loader's exposed time); ``exposed`` splits ``wait`` over the stages in proportion to their busy
 time (with ``prefetch=0`` the stages run in the loop itself and all of their time is exposed).
 
@@ -74,6 +77,85 @@ def _produce(stages: Stages, it, timer: Timer, q: queue.Queue, stop: threading.E
         put(q, Failure(e), stop)
 
 
+class _Turns:
+    """The gathering threads' shared state: the sampled batches are handed out one gather at a
+    time, numbered, and each thread puts its batches into the queue in that order."""
+
+    def __init__(self, stages: Stages, sampled):
+        self.stages, self.sampled = stages, sampled
+        self._take = threading.Lock()
+        self._turn = threading.Condition()
+        self.taken = 0        # gathers handed out
+        self.done = 0         # gathers whose batches (or END, or a Failure) are in the queue
+        self.ended = False    # the sampled batches ran out, or drawing them failed
+
+    def take(self, stream):
+        """``(number, sampled batches, error)`` of the next gather, drawn in ``stream``'s
+        context; the batches are empty for the thread that finds the epoch's end, and None
+        comes to every thread after it."""
+        with self._take:
+            if self.ended:
+                return None
+            n = self.taken
+            self.taken += 1
+            try:
+                sbs = self.stages.take(self.sampled, stream)
+            except BaseException as e:  # noqa: BLE001 - put in the queue in its turn
+                self.ended = True
+                return n, None, e
+            self.ended = not sbs
+            return n, sbs, None
+
+    def wait(self, n: int, stop: threading.Event) -> bool:
+        """Wait until gather ``n`` is next to go into the queue; False if stopped first."""
+        with self._turn:
+            while self.done != n:
+                if stop.is_set():
+                    return False
+                self._turn.wait(0.05)
+        return not stop.is_set()
+
+    def next(self) -> None:
+        with self._turn:
+            self.done += 1
+            self._turn.notify_all()
+
+
+def _gather_in_turn(stages: Stages, turns: _Turns, stream, timer: Timer, q: queue.Queue,
+                    stop: threading.Event) -> None:
+    """A gathering thread's body (``gather_workers`` > 1): take a gather's sampled batches,
+    make them on ``stream`` while the other threads make theirs, and put them into the queue
+    in the epoch's order. An error goes into the queue in its batch's turn."""
+    if stages.cuda:
+        torch.cuda.set_device(stages.device)
+    while not stop.is_set():
+        got = turns.take(stream)
+        if got is None:
+            return
+        n, sbs, err = got
+        items = []
+        if err is None and sbs:
+            try:
+                items = stages.make(sbs, timer, stream)
+            except BaseException as e:  # noqa: BLE001 - handed to the training loop
+                err = e
+        if not turns.wait(n, stop):
+            return
+        try:
+            if err is not None:
+                turns.ended = True
+                put(q, Failure(err), stop)
+                return
+            if not sbs:
+                put(q, END, stop)
+                return
+            for item in items:
+                if not put(q, item, stop):
+                    return
+        finally:
+            turns.next()
+
+
 class _Epoch:
     """The iterator of one epoch (see :class:`PipelinedLoader`)."""
 
@@ -85,7 +167,7 @@ class _Epoch:
         self.done = False
         self.num_batches = len(seeds)
         self.stop = threading.Event()
-        self.thread = None
+        self.threads: list = []    # the threads that make batches (none with prefetch=0)
         self.samplers: list = []   # (thread, queue) of each sampling thread
         if prefetch > 0 and stages.sample_ahead:
             # Sampling runs ahead in threads of its own (sampling.py): a batch's gather overlaps
@@ -96,12 +178,21 @@ class _Epoch:
         self._it = stages.batch_iter(sampled, self.timer)
         if prefetch > 0:
             self.q: queue.Queue = queue.Queue(maxsize=prefetch)
-            self.thread = threading.Thread(target=_produce, name="torch_direct-loader", daemon=True,
-                                           args=(stages, self._it, self.timer, self.q, self.stop))
+            workers = len(stages.gather_streams)
+            if workers == 1:
+                self.threads = [threading.Thread(target=_produce, name="torch_direct-loader", daemon=True,
+                                                 args=(stages, self._it, self.timer, self.q, self.stop))]
+            else:   # several gathers in flight, each thread's on its own stream (PipelinedLoader)
+                turns = _Turns(stages, sampled)
+                self.threads = [threading.Thread(target=_gather_in_turn, name=f"torch_direct-loader-{i}",
+                                                 daemon=True,
+                                                 args=(stages, turns, stream, self.timer, self.q, self.stop))
+                                for i, stream in enumerate(stages.gather_streams)]
             weakref.finalize(self, self.stop.set)
             for thread, _ in self.samplers:
                 thread.start()
-            self.thread.start()
+            for thread in self.threads:
+                thread.start()
 
     def __iter__(self):
         return self
@@ -114,7 +205,7 @@ class _Epoch:
             raise StopIteration
         t0 = time.perf_counter()
         try:
-            if self.thread is None:
+            if not self.threads:
                 item = next(self._it, None)
                 if item is None:
                     item = END
@@ -124,7 +215,8 @@ class _Epoch:
                         item = self.q.get(timeout=0.1)
                         break
                     except queue.Empty:
-                        if not self.thread.is_alive():   # it always leaves an item; be safe anyway
+                        # one of them always leaves an item (END or a Failure); be safe anyway
+                        if not any(thread.is_alive() for thread in self.threads) and self.q.empty():
                             item = Failure(RuntimeError("loader thread ended without a result"))
                             break
         finally:
@@ -149,9 +241,8 @@ class _Epoch:
         """Stop the producer (and the sampling thread) and join them (idempotent)."""
         self.done = True
         self.stop.set()
-        for thread, q in [(self.thread, getattr(self, "q", None))] + self.samplers:
-            if thread is None:
-                continue
+        q = getattr(self, "q", None)
+        for thread, q in [(thread, q) for thread in self.threads] + self.samplers:
             while thread.is_alive():
                 _drain(q)                             # free queued batches (and pinned memory)
                 thread.join(timeout=0.05)
@@ -184,15 +275,20 @@ class PipelinedLoader:
     thread: a ``GPUNeighborSampler`` only; see ``sampling.py``); the batches are the same.
     ``stream_priority``: ``"high"`` puts the loader's CUDA streams at the device's highest priority, so that the
     GPU schedules their short kernels (sampling, gathers) ahead of the training step's waiting
-    ones; ``"normal"`` (default) leaves them equal. Iterating starts an epoch; see the module
-    docstring for streams, timing, errors and shutdown.
+    ones; ``"normal"`` (default) leaves them equal. ``gather_workers``: threads that gather and
+    transfer batches (default 1), each on a CUDA stream of its own, taking the sampled batches
+    in turn and queueing them in the epoch's order, so that a gather which makes its thread
+    wait (a hybrid gather's CPU share, a cache's count of its misses) overlaps the next
+    batch's; more than one needs ``sample_ahead`` (the sampling threads feed them). The batches
+    are the same. Iterating starts an epoch; see the module docstring for streams, timing,
+    errors and shutdown.
     """
 
     def __init__(self, sampler, features: FeatureStore, node_ids, batch_size: int, *, labels=None,
                  device=None, prefetch: int = 2, shuffle: bool = True, drop_last: bool = False,
                  generator: torch.Generator | None = None, merge_gathers: int = 1,
                  shard: tuple[int, int] | None = None, sample_ahead: bool | int = False,
-                 stream_priority: str = "normal"):
+                 stream_priority: str = "normal", gather_workers: int = 1):
         if not isinstance(features, FeatureStore):
             raise TypeError(f"PipelinedLoader: features must be a FeatureStore, got {type(features).__name__}")
         if not hasattr(sampler, "sample"):
@@ -237,9 +333,15 @@ class PipelinedLoader:
         if sample_ahead > 1 and getattr(sampler, "batches_per_call", 1) > 1:
             raise ValueError("PipelinedLoader: sample_ahead > 1 takes one batch per sampler call; the sampler "
                              f"groups {sampler.batches_per_call} (batches_per_call): use one or the other")
-        self.sample_ahead = sample_ahead
+        if isinstance(gather_workers, bool) or not isinstance(gather_workers, int) or gather_workers < 1:
+            raise ValueError(f"PipelinedLoader: gather_workers must be an int >= 1 (gathering threads), "
+                             f"got {gather_workers!r}")
+        if gather_workers > 1 and not sample_ahead:
+            raise ValueError(f"PipelinedLoader: gather_workers={gather_workers} takes its batches from sampling "
+                             f"threads: set sample_ahead (and prefetch > 0)")
+        self.sample_ahead, self.gather_workers = sample_ahead, gather_workers
         self._stages = Stages(sampler, features, self.labels, self.device, self.stream,
-                              merge_gathers, self.sample_ahead, prio)
+                              merge_gathers, self.sample_ahead, prio, gather_workers)
         self._epoch: _Epoch | None = None
         self._last: dict | None = None
 

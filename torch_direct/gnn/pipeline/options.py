@@ -143,6 +143,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(the batches are the same); with THREADS > 1 (GPU sampler only) that many threads "
                         "take batches in turn, so one's waits for its sizes overlap another's kernels; "
                         "needs --prefetch > 0")
+    p.add_argument("--gather-workers", type=positive(int), default=1, metavar="THREADS",
+                   help="threads that gather and transfer batches, each on a CUDA stream of its own, taking "
+                        "the sampled batches in turn and handing them to the training loop in order, so "
+                        "that one batch's gather overlaps the next one's where a gather waits for the "
+                        "host (--gather-cpu-threads, a --cache-mb cache's split gather); the batches are "
+                        "the same; above 1 needs --sample-ahead (default: %(default)s)")
     p.add_argument("--sampler-batches", type=positive(int), default=1, metavar="K",
                    help="GPU sampler: sample K batches in one call, each hop's steps run once over all of "
                         "them (fewer launches and host waits a batch; the batches are the same); not with "
@@ -225,6 +231,9 @@ def check_options(args, device) -> None:
             raise ValueError("--cuda-graph needs a CUDA device (it replays the step as a CUDA graph)")
     if args.sample_ahead and args.prefetch == 0:
         raise ValueError("--sample-ahead needs --prefetch > 0 (the sampling thread runs ahead of the loader's)")
+    if getattr(args, "gather_workers", 1) > 1 and not args.sample_ahead and args.pipeline != "pyg":
+        raise ValueError(f"--gather-workers {args.gather_workers} takes its batches from sampling threads: "
+                         f"add --sample-ahead")
     if getattr(args, "sampler_batches", 1) > 1:
         if not uses_gpu_sampler(args, device.type == "cuda"):
             raise ValueError("--sampler-batches applies to the GPU sampler (--sampler gpu, or a CUDA device)")
@@ -252,6 +261,8 @@ def check_options(args, device) -> None:
                                    ("--graph gpu", args.graph == "gpu", "PyG samples on the CPU"),
                                    ("--merge-gathers", args.merge_gathers != 1, "PyG's loader gathers per batch"),
                                    ("--sample-ahead", args.sample_ahead, "PyG's workers sample and slice together"),
+                                   ("--gather-workers", getattr(args, "gather_workers", 1) != 1,
+                                    "PyG's workers sample and slice together"),
                                    ("--sampler-batches", getattr(args, "sampler_batches", 1) != 1,
                                     "PyG samples in its loader"),
                                    ("--loader-priority", args.loader_priority != "normal",

@@ -79,8 +79,8 @@ def _sample_thread(stages: Stages, it, stream, timer: Timer, q: queue.Queue, sto
 
 def _in_turn(queues: list, stages: Stages, stop: threading.Event):
     """The sampled batches of the sampling threads' queues, taken in turn (the epoch's order),
-    each made safe to use on the producer's stream (which waits for the batch's event; its
-    tensors record that stream)."""
+    each made safe to use on the stream current where it is drawn (a gathering thread's: it
+    waits for the batch's event, and the batch's tensors record it)."""
     turn = 0
     while True:
         try:
@@ -96,10 +96,11 @@ def _in_turn(queues: list, stages: Stages, stop: threading.Event):
         turn = (turn + 1) % len(queues)
         sb, event = item
         if event is not None:
-            stages.stream.wait_event(event)
+            stream = torch.cuda.current_stream(stages.device)
+            stream.wait_event(event)
             for t in sampled_tensors(sb):
                 if t.is_cuda:                         # the GPU sampler's; a CPU sampler's are host tensors
-                    t.record_stream(stages.stream)
+                    t.record_stream(stream)
         yield sb
 
 

@@ -55,7 +55,7 @@ class Stages:
     and how many batches share one merged feature gather (``merge``; 1 = none)."""
 
     def __init__(self, sampler, features, labels, device, stream, merge: int = 1, sample_ahead: int = 0,
-                 stream_priority: int = 0):
+                 stream_priority: int = 0, gather_workers: int = 1):
         self.sampler, self.features, self.labels = sampler, features, labels
         self.device, self.stream = device, stream
         self.cuda = device.type == "cuda"
@@ -65,6 +65,9 @@ class Stages:
         self.sample_ahead = int(sample_ahead)
         self.sample_streams = [torch.cuda.Stream(device, priority=stream_priority) if self.cuda else None
                                for _ in range(self.sample_ahead)]
+        # The gathering threads' streams: the first is ``stream``, each other thread has its own.
+        self.gather_streams = [stream] + [torch.cuda.Stream(device, priority=stream_priority) if self.cuda
+                                          else None for _ in range(int(gather_workers) - 1)]
 
     def sample_iter(self, seeds):
         # a CPU sampler samples a group of batches on its threads; the GPU sampler groups
@@ -91,31 +94,39 @@ class Stages:
     def batch_iter(self, it, timer: Timer):
         """The epoch's ``(Batch, event)`` items, made from the sampled batches of ``it``."""
         while True:
-            if self.merge <= 1:
-                item = self.make_batch(it, timer)
-                if item is None:
-                    return
-                yield item
-                continue
-            items = self.make_window(it, timer)
-            if not items:
+            sbs = self.take(it)
+            if not sbs:
                 return
-            yield from items
+            yield from self.make(sbs, timer)
 
-    def make_window(self, it, timer: Timer) -> list:
-        """Sample up to ``merge`` batches, gather the union of their nodes in one ordered
-        gather (each row read once), and let every batch take its rows by position."""
-        stream = self.stream
-        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
-        with ctx:
+    def _ctx(self, stream):
+        return torch.cuda.stream(stream) if self.cuda else nullcontext()
+
+    def take(self, it, stream=None) -> list:
+        """The sampled batches of one gather from ``it``: ``merge`` of them (fewer at the end of
+        the epoch, none after it), drawn in ``stream``'s context (default: the loader's), on
+        which a sampling thread's batch is then ready."""
+        with self._ctx(self.stream if stream is None else stream):
             sbs = []
             for _ in range(self.merge):
                 sb = next(it, None)
                 if sb is None:
                     break
                 sbs.append(sb)
-            if not sbs:
-                return []
+        return sbs
+
+    def make(self, sbs: list, timer: Timer, stream=None) -> list:
+        """The ``(Batch, event)`` items of sampled batches ``sbs`` (one gather's, from
+        :meth:`take`), their work queued on ``stream`` (default: the loader's)."""
+        stream = self.stream if stream is None else stream
+        if self.merge <= 1:
+            return [self.make_batch(sb, timer, stream) for sb in sbs]
+        return self.make_window(sbs, timer, stream)
+
+    def make_window(self, sbs: list, timer: Timer, stream) -> list:
+        """Gather the union of the nodes of sampled batches ``sbs`` in one ordered gather (each
+        row read once), and let every batch take its rows by position."""
+        with self._ctx(stream):
             t = timer.start(stream)
             union, pos = torch.unique(torch.cat([sb.n_id for sb in sbs]), sorted=True, return_inverse=True)
             rows = self.features.gather(union, self.device, stream=stream)
@@ -127,26 +138,20 @@ class Stages:
                 at += k
             del rows, pos
             timer.stop("gather", t, stream)
-        return [self.finish_batch(sb, x, timer) for sb, x in zip(sbs, xs)]
+        return [self.finish_batch(sb, x, timer, stream) for sb, x in zip(sbs, xs)]
 
-    def make_batch(self, it, timer: Timer):
-        """Sample, gather and transfer the next batch; None at the end of the epoch."""
-        stream = self.stream
-        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
-        with ctx:
-            sb = next(it, None)
-            if sb is None:
-                return None
+    def make_batch(self, sb, timer: Timer, stream):
+        """Gather and transfer sampled batch ``sb``."""
+        with self._ctx(stream):
             t = timer.start(stream)
             x = self.features.gather(sb.n_id, self.device, stream=stream)
             timer.stop("gather", t, stream)
-        return self.finish_batch(sb, x, timer)
+        return self.finish_batch(sb, x, timer, stream)
 
-    def finish_batch(self, sb, x, timer: Timer):
-        """Move a batch's blocks, ids and labels to the device; the batch and its event."""
-        stream = self.stream
-        ctx = torch.cuda.stream(stream) if self.cuda else nullcontext()
-        with ctx:
+    def finish_batch(self, sb, x, timer: Timer, stream):
+        """Move a batch's blocks, ids and labels to the device, on ``stream``; the batch and
+        its event."""
+        with self._ctx(stream):
             t = timer.start(stream)
             nb = self.cuda
             n_id = sb.n_id.to(self.device, non_blocking=nb)
