@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-driver-pages|papers-reorder|papers-fused-sms|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|papers-host|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-driver-pages|papers-reorder|papers-variants|papers-fused-sms|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|papers-host|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -51,6 +51,12 @@
 #   papers-graphed run; HYBRID_SPLIT=address for any step: the CPU threads take each gather's
 #   farthest rows, the GPU the nearer ones; GATHER_WORKERS=N for any papers-graphed unified run:
 #   `--gather-workers N`, N gathers in flight, each on its own thread and stream).
+# - papers-variants: papers100M-like's unified run (the papers-graphed options: bf16, two buffer
+#   sets, two sampling threads, REORDER default frequency, FEATURE_DTYPE, CACHE_MB default 13500,
+#   12 CPU threads) once for each variant of VARIANTS ("name=options;name=options", default
+#   "workers1=;workers2=--gather-workers 2"), in one process over one relabelled copy
+#   (experiments/train_variants.py: the reorder is made once); VARIANT_SETTINGS="name=k=v,k=v;..."
+#   runs a variant under experimental settings (e.g. "fused=cached_gather=fused").
 # - papers-fused-sms: papers-cached-gather's fused run with `--gather-sms N` for each N of
 #   GATHER_SMS_LIST (default "66 33") and gather_kernel=rowblock (one block a row under the cap).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
@@ -183,6 +189,24 @@ papers_data() {
 
 papers_data_once() {  # generated once a machine
   [ -f "$DATA/papers100M-like-seed0/meta.json" ] || papers_data
+}
+
+papers_variants() {  # papers-variants (VARIANTS, VARIANT_SETTINGS; the header says)
+  papers_data_once
+  local args=() v t0 name
+  IFS=';' read -ra vs <<< "${VARIANTS:-workers1=;workers2=--gather-workers 2}"
+  for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--variant "$v"); done
+  IFS=';' read -ra vs <<< "${VARIANT_SETTINGS:-}"
+  for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--experimental "$v"); done
+  name=papers100M-like_variants_${FEATURE_DTYPE:-stored}_reorder-${REORDER:-frequency}
+  t0=$(date +%s)
+  PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} timeout "${RUN_LIMIT:-560}" python3 experiments/train_variants.py \
+    --out-dir "$OUT" --name "$name" "${args[@]}" -- --root "$DATA" --no-progress --dataset papers100M-like \
+    --epochs 2 --graph gpu --cuda-graph 2 --sample-ahead 2 --layers builtin --test-nodes 100000 --precision bf16 \
+    --reorder "${REORDER:-frequency}" --pipelines unified --feature-dtype "${FEATURE_DTYPE:-stored}" \
+    --cache-mb "${CACHE_MB:-13500}" --gather-cpu-threads "${GATHER_THREADS:-12}" > "$OUT/train_$name.log" 2>&1
+  echo "train_variants $name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
+  grep -E "^variant |^\| unified|s in all" "$OUT/train_$name.log"
 }
 
 papers_graphed() {  # papers-graphed (its options in the environment, as the header says)
@@ -379,6 +403,7 @@ case "$what" in
       REORDER=$order CACHED_GATHER=${CACHED_GATHER:-split} GRAPHED_PIPELINES=unified PRECISION=${PRECISION:-bf16} \
         GRAPH_BUFFERS=${GRAPH_BUFFERS:-2} AHEAD=${AHEAD:-2} bash "$0" papers-graphed
     done ;;
+  papers-variants) papers_variants ;;
   papers-fused-sms)  # papers-cached-gather's fused run with the gather capped to each of GATHER_SMS_LIST
     # SMs (default "66 33"), one block a row under the cap (gather_kernel=rowblock), so that the
     # sampling threads' and the step's kernels keep the other SMs

@@ -145,5 +145,53 @@ class TestHugepageGatherProbe(TestCase):
             self.assertIn(msg, r.stderr)
 
 
+class TestTrainVariants(TestCase):
+    def variants(self, *args):
+        return subprocess.run([sys.executable, str(REPO / "experiments" / "train_variants.py"), *args],
+                              capture_output=True, text=True, timeout=600, cwd=REPO)
+
+    def test_variants_share_one_reorder_and_write_a_record_each(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "records"
+            common = ["--root", d, "--dataset", "tiny", "--device", "cpu", "--pipelines", "unified", "--epochs", "2",
+                      "--threads", "1", "--layers", "builtin", "--hidden", "16", "--batch-size", "256",
+                      "--no-progress", "--reorder", "frequency", "--sample-ahead", "--test-nodes", "200"]
+            r = self.variants("--out-dir", str(out), "--name", "tiny", "--variant", "one=",
+                              "--variant", "two=--gather-workers 2",
+                              "--experimental", "two=cached_gather=split", "--", *common)
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            one = json.loads((out / "train_tiny_one.json").read_text())
+            two = json.loads((out / "train_tiny_two.json").read_text())
+            self.assertEqual(one["variant"], {"name": "one", "options": "", "experimental": {}})
+            self.assertEqual(two["variant"], {"name": "two", "options": "--gather-workers 2",
+                                              "experimental": {"cached_gather": "split"}})
+            self.assertEqual((one["args"]["gather_workers"], two["args"]["gather_workers"]), (1, 2))
+            u1, u2 = one["rows"][0], two["rows"][0]
+            self.assertGreater(u1["reorder_s"], 0)     # the first variant made the relabelled copy
+            self.assertEqual(u2["reorder_s"], 0.0)     # the second used it
+            self.assertEqual(u1["losses"], u2["losses"])   # the same batches, so the same training
+            self.assertEqual(r.stdout.count("wrote "), 2)
+
+    def test_bad_input(self):
+        with tempfile.TemporaryDirectory() as d:
+            for args, msg in ((["--out-dir", d, "--name", "x", "--", "--dataset", "tiny"], "at least one --variant"),
+                              (["--out-dir", d, "--name", "x", "--variant", "a"], "give NAME=VALUE"),
+                              (["--out-dir", d, "--name", "x", "--variant", "a=", "--variant", "a=--epochs 1"],
+                               "a is given twice"),
+                              (["--out-dir", d, "--name", "x", "--variant", "a=", "--experimental", "b=k=v"],
+                               "names no variant: b"),
+                              (["--out-dir", d, "--name", "x", "--variant", "a=", "--experimental", "a=k"],
+                               "give k=v"),
+                              (["--out-dir", d, "--name", "x", "--variant", "a=--json x.json"], "give no --json"),
+                              # a later variant's option that bench train refuses: no run starts
+                              (["--out-dir", d, "--name", "x", "--variant", "a=", "--variant", "b=--cache-mb 8",
+                                "--", "--root", d, "--dataset", "tiny", "--device", "cpu", "--pipelines", "unified"],
+                               "--cache-mb caches rows in GPU memory")):
+                r = self.variants(*args)
+                self.assertEqual(r.returncode, 2, (args, r.stderr))
+                self.assertIn(msg, r.stderr)
+            self.assertEqual(list(Path(d).iterdir()), [])   # nothing written for a refused command
+
+
 if __name__ == "__main__":
     run_tests()

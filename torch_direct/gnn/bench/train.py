@@ -85,7 +85,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def median_row(runs: list[dict]) -> dict:
     """One pipeline's row from its runs: the first run that did not finish, else the median run by
     epoch time (the lower middle one for an even count) with every run's epoch time and test
-    accuracy under ``repeats``."""
+    accuracy under ``repeats``, and the seconds all of them spent reordering (one run made the
+    relabelled copy the others used)."""
     for r in runs:
         if r["status"] != "ok":
             return r
@@ -94,6 +95,7 @@ def median_row(runs: list[dict]) -> dict:
     ordered = sorted(runs, key=lambda r: r["epoch_s"])
     row = dict(ordered[(len(runs) - 1) // 2])
     row["repeats"] = {"epoch_s": [r["epoch_s"] for r in runs], "test_acc": [r["test_acc"] for r in runs]}
+    row["reorder_s"] = sum(r.get("reorder_s", 0.0) for r in runs)
     return row
 
 
@@ -244,10 +246,9 @@ def add_ratios(record: dict) -> None:
                         if a in ran and b in ran}
 
 
-def run_bench(args, path: Path | None = None) -> dict:
-    """Run each pipeline; the record (rewritten at ``path`` after each pipeline when given)."""
-    import torch
-
+def check_bench(args):
+    """(pipelines, device) of a bench train run, after refusing any option one of its runs would
+    refuse once its turn came."""
     wanted = parse_pipelines(args.pipelines)
     if args.pipeline is not None:
         raise ValueError(f"--pipeline: this benchmark runs every pipeline of --pipelines; "
@@ -260,12 +261,28 @@ def run_bench(args, path: Path | None = None) -> dict:
         # unified's GPU-only levers (gpu_resident itself is skipped with its reason)
         check_machine(args, device)
     check_pipelines(wanted, args, device)
+    return wanted, device
+
+
+def run_bench(args, path: Path | None = None) -> dict:
+    """Run each pipeline; the record (rewritten at ``path`` after each pipeline when given)."""
+    import torch
+
+    wanted, device = check_bench(args)
     record = {"benchmark": "train", "machine": machine_record(), "device": str(device),
               "torch_threads": args.threads or torch.get_num_threads(),
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
               "pipelines": wanted, "rows": [], "ratios": {}}
     repeats = getattr(args, "repeats", 1)
     runs: dict[str, list[dict]] = {}
+    from ..pipeline.train import keep_reordered
+    with keep_reordered():   # a --reorder is made once, for the first run, and kept for the rest
+        _run_turns(args, device, wanted, repeats, runs, record, path)
+    return record
+
+
+def _run_turns(args, device, wanted, repeats, runs, record, path) -> None:
+    """run_bench's runs: ``repeats`` turns over ``wanted``, the record updated after each."""
     for turn in range(repeats):
         for name in wanted:
             if runs.get(name) and runs[name][-1]["status"] != "ok":
@@ -287,7 +304,6 @@ def run_bench(args, path: Path | None = None) -> dict:
             reordering = f", {row['reorder_s']:.1f} s of it reordering" if row.get("reorder_s") else ""
             msg += f" ({row['run_s']:.0f} s in all{reordering})"
             print(f"{label}: {msg}", file=sys.stderr, flush=True)
-    return record
 
 
 def _fmt(v, spec: str, suffix: str = "") -> str:

@@ -1,0 +1,104 @@
+"""Device-side experiment: several `bench train` runs in one process over one relabelled copy
+of the data set, each with options of its own, each written to a record of its own.
+
+A `--reorder` is made by the first run and used by the others (bench train's
+`keep_reordered`): on papers100M-like it takes minutes, so that comparing levers one process
+at a time spends most of a device call reordering.
+
+    python experiments/train_variants.py --out-dir OUT --name papers \\
+        --variant one= --variant two="--gather-workers 2" \\
+        --experimental split=cached_gather=split --variant split= \\
+        -- --dataset papers100M-like --pipelines unified --graph gpu --reorder frequency ...
+
+Each variant's options follow the common ones after `--` (for an option given twice, the
+variant's wins). `--experimental NAME=k=v[,k=v]` runs variant NAME under those experimental
+settings (torch_direct.experimental). The records are OUT/train_<name>_<variant>.json, each
+with a "variant" object saying what its run added. Variants run in the order given; a variant
+that fails is recorded as bench train records a failed row, and the others still run.
+"""
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cli import run  # noqa: E402
+
+
+def parse_pairs(items, what: str) -> dict:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not name.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"{what} {item!r}: give NAME=VALUE, NAME of letters, digits, '-' or '_'")
+        if name in out:
+            raise ValueError(f"{what}: {name} is given twice")
+        out[name] = value
+    return out
+
+
+def settings_of(text: str, name: str) -> dict:
+    settings = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"--experimental {name}: give k=v[,k=v], got {text!r}")
+        settings[key] = value
+    return settings
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" in argv:
+        cut = argv.index("--")
+        own, common = argv[:cut], argv[cut + 1:]
+    else:
+        own, common = argv, []
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 usage="%(prog)s --out-dir DIR --name NAME --variant V=OPTIONS ... -- BENCH_TRAIN_OPTIONS")
+    ap.add_argument("--out-dir", required=True, type=Path, help="folder of the records (made if missing)")
+    ap.add_argument("--name", required=True, help="the records' common name: train_<name>_<variant>.json")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
+                    help="a run: its name and the bench train options it adds (may be empty)")
+    ap.add_argument("--experimental", action="append", default=[], metavar="NAME=k=v[,k=v]",
+                    help="experimental settings for variant NAME")
+    a = ap.parse_args(own)
+    variants = parse_pairs(a.variant, "--variant")
+    if not variants:
+        raise ValueError("give at least one --variant NAME=OPTIONS")
+    experimental = {k: settings_of(v, k) for k, v in parse_pairs(a.experimental, "--experimental").items()}
+    unknown = sorted(set(experimental) - set(variants))
+    if unknown:
+        raise ValueError(f"--experimental names no variant: {', '.join(unknown)}")
+
+    import torch_direct
+    from torch_direct.gnn.bench import train as bench_train
+    from torch_direct.gnn.outputs import check_writable, write_json
+    from torch_direct.gnn.pipeline.train import keep_reordered
+
+    parser = argparse.ArgumentParser(prog="bench train")
+    bench_train.add_arguments(parser)
+    runs = []
+    for name, options in variants.items():   # every variant is checked before any runs
+        args = parser.parse_args(common + shlex.split(options) + ["--out", str(a.out_dir / f"train_{a.name}_{name}.json")])
+        if args.json:
+            raise ValueError("give no --json: each variant's record is written under --out-dir")
+        check_writable(args.out, "--out-dir")
+        with torch_direct.experimental(**experimental.get(name, {})):
+            bench_train.check_bench(args)
+        runs.append((name, options, args))
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    with keep_reordered():
+        for name, options, args in runs:
+            path = Path(args.out)
+            print(f"variant {name}: {options or '(the common options)'}", file=sys.stderr, flush=True)
+            with torch_direct.experimental(**experimental.get(name, {})):
+                record = bench_train.run_bench(args, path)
+            record["variant"] = {"name": name, "options": options, "experimental": experimental.get(name, {})}
+            write_json(path, record)
+            bench_train.print_table(record)
+            print(f"wrote {path}", flush=True)
+
+
+if __name__ == "__main__":
+    run("train_variants", main)
