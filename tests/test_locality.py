@@ -6,6 +6,8 @@ import json
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 from unittest import mock
 
 import torch
@@ -23,6 +25,23 @@ def random_graph(n, e, seed, edge_ids=False):
     g = torch.Generator().manual_seed(seed)
     ei = torch.randint(n, (2, e), generator=g)
     return CSRGraph.from_edge_index(ei, n, dedupe=True, keep_edge_ids=edge_ids)
+
+
+def varied_graph(seed, n=200):
+    """Rows of 0 to 12 neighbours (about a third empty) and one of 150, drawn with repeats:
+    rows shorter and longer than a fanout, weights of many denominators."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(0, 13, (n,), generator=g)
+    lens[torch.rand(n, generator=g) < 0.3] = 0
+    lens[n // 3] = 150
+    rowptr = torch.zeros(n + 1, dtype=torch.long)
+    torch.cumsum(lens, 0, out=rowptr[1:])
+    return CSRGraph(rowptr, torch.randint(n, (int(rowptr[-1]),), generator=g))
+
+
+def bits(t):
+    """A float32 tensor's bit patterns: equal only if bit for bit the same."""
+    return t.view(torch.int32)
 
 
 def brute_force_relabel(graph, perm):
@@ -147,6 +166,92 @@ class TestReorder(TestCase):
                 access_frequency(g, bad)
         with self.assertRaisesRegex(TypeError, "CSRGraph"):
             access_frequency(ei, 2)
+
+    def test_frequency_is_the_same_whatever_the_threads_and_chunks(self):
+        # Exact integer sums: the same bits with 1, 2 or 3 threads (partial sums) and with any
+        # chunking (of edges, and of nodes to convert), for int64 and int32 column ids.
+        mod = sys.modules["torch_direct.gnn.graph.reorder"]
+        g = varied_graph(0)
+        graphs = (g, CSRGraph(g.rowptr, g.col.int()))
+        pools = []
+
+        def pool(workers):   # records how many threads (partials) a pass used
+            pools.append(workers)
+            return ThreadPoolExecutor(workers)
+
+        saved = torch.get_num_threads()
+        try:
+            for fanout in (-1, 1, 3, 5):
+                torch.set_num_threads(1)
+                want = bits(access_frequency(g, fanout))
+                for threads in (1, 2, 3):
+                    torch.set_num_threads(threads)
+                    for chunk in (1, 5, 64, mod._EDGE_CHUNK):
+                        with mock.patch.object(mod, "_EDGE_CHUNK", chunk), \
+                                mock.patch.object(mod, "_ROW_CHUNK", chunk), \
+                                mock.patch.object(mod, "ThreadPoolExecutor", side_effect=pool):
+                            for graph in graphs:
+                                got = access_frequency(graph, fanout)
+                                self.assertEqual(got.dtype, torch.float32)
+                                self.assertEqual(bits(got), want, atol=0, rtol=0,
+                                                 msg=f"fanout {fanout}, {threads} threads, chunks of {chunk}")
+        finally:
+            torch.set_num_threads(saved)
+        self.assertEqual(max(pools), 3)   # several partials were summed
+
+    def test_frequency_is_the_exact_sum_rounded(self):
+        # Against the exact sum (fractions): each edge's weight is low by less than 2^-40 (this
+        # graph's weights add up to far less than 2^22), and the sum is rounded to float32 at the
+        # end (through float64: rounding is monotone), so the result lies between the roundings
+        # of the exact sum and of it less that deficit.
+        g = varied_graph(1)
+        n = g.num_nodes
+        rowptr, col = g.rowptr.tolist(), g.col.tolist()
+        reads = torch.bincount(g.col, minlength=n)
+        self.assertGreater(int(reads.max()), 5)
+        for fanout in (-1, 1, 2, 5):
+            exact = [Fraction(0)] * n
+            for r in range(n):
+                a, b = rowptr[r], rowptr[r + 1]
+                for c in col[a:b]:
+                    exact[c] += 1 if fanout < 0 else min(Fraction(1), Fraction(fanout, b - a))
+            got = access_frequency(g, fanout)
+            deficit = [Fraction(int(k), 1 << 40) for k in reads]
+            high = torch.tensor([float(f) for f in exact], dtype=torch.float64).float()
+            low = torch.tensor([float(f - d) for f, d in zip(exact, deficit)], dtype=torch.float64).float()
+            self.assertTrue(bool(((low <= got) & (got <= high)).all()),
+                            msg=f"fanout {fanout}: {(got - high).abs().max()} off the exact sum")
+            if fanout < 0:
+                self.assertEqual(got, reads.float(), atol=0, rtol=0)   # counts
+
+    def test_equal_frequencies_are_equal_scores(self):
+        # Nodes 2k and 2k + 1 are each listed once by rows of the same lengths (six of 3 to 40),
+        # rows in a shuffled order, at random places in them; the other slots hold nodes 20 and
+        # up. Their frequencies are equal, so must their scores be, whatever the order of the
+        # additions; then the reorder's stable sort puts 2k first.
+        g_ = torch.Generator().manual_seed(3)
+        n, rows = 200, []
+        for k in range(10):
+            for length in torch.randint(3, 41, (6,), generator=g_).tolist():
+                for node in (2 * k, 2 * k + 1):
+                    row = torch.randint(20, n, (length,), generator=g_)
+                    row[int(torch.randint(length, (1,), generator=g_))] = node
+                    rows.append(row)
+        lists = [torch.zeros(0, dtype=torch.long)] * n
+        for r, row in zip(torch.randperm(n, generator=g_).tolist(), rows):
+            lists[r] = row
+        rowptr = torch.zeros(n + 1, dtype=torch.long)
+        torch.cumsum(torch.tensor([len(x) for x in lists]), 0, out=rowptr[1:])
+        g = CSRGraph(rowptr, torch.cat(lists))
+        score = access_frequency(g, 2)
+        self.assertEqual(bits(score[0:20:2]), bits(score[1:20:2]), atol=0, rtol=0)
+        self.assertTrue(bool((score[:20] < 6).all()))   # some weights below 1: sums of fractions
+        g2, ro = reorder(g, "frequency", fanout=2)
+        self.assertTrue(bool((ro.inv[0:20:2] < ro.inv[1:20:2]).all()))
+        # The relabelled graph's rows list each node at the same lengths: the same scores,
+        # bit for bit, from a pass of its own as from the kept ones.
+        fresh = access_frequency(CSRGraph(g2.rowptr, g2.col), 2)
+        self.assertEqual(bits(fresh), bits(score[ro.perm]), atol=0, rtol=0)
 
     def test_cache_ranking_holds_the_rows_the_sampler_reads(self):
         # On a directed graph whose row lengths are unrelated to how popular a node is as a

@@ -18,7 +18,9 @@ nodes. Splits keep their order (``split_new = inv[split_old]``).
 
 from __future__ import annotations
 
+import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +31,16 @@ from .csr import CSRGraph, host_values
 ORDERS = ("degree", "frequency", "none")
 _EDGE_CHUNK = 1 << 26
 _ROW_CHUNK = 1 << 22
+# access_frequency's pass shares its chunks among threads, each with buffers of 16 bytes an edge
+# of its own (_PerSlot's): chunks of at most 2^24 edges keep those to 256 MiB a thread.
+_THREAD_CHUNK = 1 << 24
+# Its threads add into int64 partial sums of their own (8 bytes a node each): at most this many,
+# and no more than fit in this many bytes together.
+_MAX_PARTIALS = 8
+_PARTIAL_BYTES = 4 << 30
+# Its weights are whole numbers of 2^-_FRACTION_BITS (of fewer on a graph whose weights add up to
+# more than 2^22, so that no sum can pass 2^62).
+_FRACTION_BITS = 40
 # The score a frequency reorder ranked by, kept for the graph it made (in new ids), per fanout:
 # the cache that ranks the same graph's rows next reads it instead of a second pass over the
 # edges (a minute on a graph of billions of edges). Held only while that graph lives.
@@ -74,10 +86,11 @@ def _check_fanout(fanout, who: str) -> None:
         raise ValueError(f"{who}: fanout must be a positive int or -1 (all neighbours), got {fanout!r}")
 
 
-def _edge_chunks(rowptr: torch.Tensor) -> list[tuple[int, int]]:
-    """Row ranges ``[a, b)`` of about ``_EDGE_CHUNK`` edges each (a longer row is a chunk of its
-    own), covering every edge: a pass over them keeps its temporaries that small."""
-    bounds = torch.searchsorted(rowptr, torch.arange(0, int(rowptr[-1]), _EDGE_CHUNK), right=True) - 1
+def _edge_chunks(rowptr: torch.Tensor, size: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges ``[a, b)`` of about ``size`` (``_EDGE_CHUNK`` if None) edges each (a longer row
+    is a chunk of its own), covering every edge: a pass over them keeps its temporaries that small."""
+    size = _EDGE_CHUNK if size is None else size
+    bounds = torch.searchsorted(rowptr, torch.arange(0, int(rowptr[-1]), size), right=True) - 1
     bounds = torch.unique(torch.cat([bounds, torch.tensor([rowptr.numel() - 1])])).tolist()
     return list(zip(bounds[:-1], bounds[1:]))
 
@@ -110,9 +123,20 @@ def access_frequency(graph: CSRGraph, fanout: int = -1) -> torch.Tensor:
     This is what the GPU cache of hot rows ranks by (``train --cache-mb``). A row's length is
     not a proxy for it on a directed graph: on the synthetic presets the two are uncorrelated,
     and a cache of the longest rows holds only its own share of the reads (docs/pipeline.md).
-    On an undirected graph with ``fanout=-1`` it equals the degree. Computed in chunks of about
-    ``_EDGE_CHUNK`` edges. For a graph that ``reorder(..., "frequency", fanout=)`` made, the
-    score it ranked by (permuted to the new ids) is returned without a pass over the edges."""
+    On an undirected graph with ``fanout=-1`` it equals the degree.
+
+    The result is the same bit for bit on every machine, whatever the number of threads
+    (``torch.get_num_threads()``, at most 8), the chunking (about ``_EDGE_CHUNK`` edges, at most
+    2^24) or the order of the additions: each edge adds its weight as a whole number of 2^-S
+    units, ``floor(2^S * min(1, fanout / len(r)))``, into an exact int64 sum, and each node's
+    sum is converted once at the end (through float64: two IEEE roundings to nearest). ``S`` is
+    40, or fewer on a graph whose weights add up to more than 2^22 (so that no sum can pass
+    2^62); each edge's weight is low by less than 2^-S. With ``fanout=-1``, or one that no row
+    is longer than, every edge counts 1 and the sums are counts. So nodes listed by rows of
+    the same lengths get equal scores, whose ties :func:`reorder` breaks by id everywhere.
+
+    For a graph that ``reorder(..., "frequency", fanout=)`` made, the score it ranked by
+    (permuted to the new ids) is returned without a pass over the edges."""
     _check_fanout(fanout, "access_frequency")
     if not isinstance(graph, CSRGraph):
         raise TypeError(f"access_frequency: graph must be a CSRGraph, got {type(graph).__name__}")
@@ -123,26 +147,71 @@ def access_frequency(graph: CSRGraph, fanout: int = -1) -> torch.Tensor:
 
 
 def _frequency_pass(graph: CSRGraph, fanout: int) -> torch.Tensor:
-    """access_frequency's pass over the edges, in chunks."""
+    """access_frequency's pass over the edges. index_add_ into a 1-D tensor runs on one thread
+    and its adds land at random across the table, so chunks of rows are shared among threads
+    (torch releases the GIL), each adding into an int64 partial sum of its own; the partials
+    are added once all chunks are done."""
     rowptr = host_values(graph.rowptr).cpu()
     col = host_values(graph.col).cpu()
     n = graph.num_nodes
     deg = rowptr[1:] - rowptr[:-1]
-    ones = torch.ones(1)
-    weight = (None if fanout < 0   # every neighbour read: each edge counts 1
-              else (float(fanout) / deg.clamp(min=1).to(torch.float64)).clamp_(max=1.0).float())
-    out = torch.zeros(n, dtype=torch.float32)
-    chunks = _edge_chunks(rowptr)
-    row_of = None if fanout < 0 else _PerSlot(rowptr, chunks)
-    src = None if fanout < 0 else torch.empty(row_of.out.numel(), dtype=torch.float32)
-    for a, b in chunks:
-        e0, e1 = int(rowptr[a]), int(rowptr[b])
-        # each edge's weight is its row's; the column indices as they are (int32 or int64)
-        if fanout < 0:
-            w = ones.expand(e1 - e0)
-        else:
-            w = torch.index_select(weight, 0, row_of(a, b, torch.arange(a, b)), out=src[:e1 - e0])
-        out.index_add_(0, col[e0:e1], w)
+    longest = int(deg.max()) if n else 0
+    if fanout < 0 or fanout >= longest:   # every neighbour read: each edge counts 1
+        weight, bits = None, 0
+    else:
+        # A node's sum is at most the sum of all weights (a row's add up to min(len, fanout)):
+        # below 2^62 in units of 2^-bits. fanout is at most that sum (some row is longer), so
+        # fanout << bits is exact in int64 too, and so is each row's weight, its floor division.
+        everything = int(deg.clamp(max=fanout).sum())
+        bits = min(_FRACTION_BITS, 62 - everything.bit_length())
+        weight = (fanout << bits) // deg.clamp(min=fanout)
+    chunks = _edge_chunks(rowptr, min(_EDGE_CHUNK, _THREAD_CHUNK))
+    threads = max(1, min(torch.get_num_threads(), _MAX_PARTIALS, len(chunks), _PARTIAL_BYTES // (8 * max(n, 1))))
+    todo = iter(chunks)
+    taking = threading.Lock()
+    ones = torch.ones(1, dtype=torch.int64)
+
+    def add_chunks() -> torch.Tensor:
+        partial = torch.zeros(n, dtype=torch.int64)
+        row_of = None if weight is None else _PerSlot(rowptr, chunks)   # buffers of this thread's own
+        while True:
+            with taking:
+                ab = next(todo, None)
+            if ab is None:
+                return partial
+            a, b = ab
+            e0, e1 = int(rowptr[a]), int(rowptr[b])
+            w = ones.expand(e1 - e0) if weight is None else row_of(a, b, weight[a:b])
+            partial.index_add_(0, col[e0:e1], w)   # the column indices as they are (int32 or int64)
+
+    with ThreadPoolExecutor(threads) as pool:
+        partials = [f.result() for f in [pool.submit(add_chunks) for _ in range(threads)]]
+    total = partials.pop()
+    while partials:
+        total += partials.pop()   # integers: exact in any order
+    return _fixed_to_float32(total, bits)
+
+
+def _fixed_to_float32(total: torch.Tensor, bits: int) -> torch.Tensor:
+    """``total * 2^-bits`` (int64, each in [0, 2^62)) in float32, the same on every machine:
+    its two 31-bit halves are exact in float64, their sum is rounded once, then to float32
+    (both IEEE round-to-nearest); scaling by a power of two is exact. So the result does not
+    rest on how a conversion of an int64 past 2^53 rounds, which vector and scalar code need
+    not do alike. In chunks of ``_ROW_CHUNK`` nodes through buffers made once: temporaries
+    the size of the table, faulted in page by page, took several times longer."""
+    n = total.numel()
+    out = torch.empty(n, dtype=torch.float32)
+    step = max(1, min(n, _ROW_CHUNK))
+    half = torch.empty(step, dtype=torch.int64)
+    lo, hi = torch.empty(step, dtype=torch.float64), torch.empty(step, dtype=torch.float64)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        m = b - a
+        torch.bitwise_and(total[a:b], (1 << 31) - 1, out=half[:m])
+        lo[:m].copy_(half[:m]).mul_(2.0 ** -bits)
+        torch.bitwise_right_shift(total[a:b], 31, out=half[:m])
+        hi[:m].copy_(half[:m]).mul_(2.0 ** (31 - bits)).add_(lo[:m])
+        out[a:b].copy_(hi[:m])
     return out
 
 
