@@ -154,8 +154,13 @@ class TestBenchTrainCPU(_Tiny):
         u, c = rec["rows"]
         self.assertGreater(u["reorder_s"], 0)      # the first run's (a median row sums its runs')
         self.assertLess(u["reorder_s"], u["run_s"])
-        self.assertIn(f"s in all, {u['reorder_s']:.1f} s of it reordering)", err)
+        parts = u["reorder_parts_s"]
+        self.assertEqual(set(parts), {"rank", "relabel", "rows"})
+        self.assertAlmostEqual(sum(parts.values()), u["reorder_s"])
+        self.assertIn(f"s in all, {u['reorder_s']:.1f} s of it reordering (rank {parts['rank']:.1f} s, "
+                      f"relabel {parts['relabel']:.1f} s, rows {parts['rows']:.1f} s))", err)
         self.assertEqual(c["reorder_s"], 0.0)      # the others spent nothing on it
+        self.assertEqual(c["reorder_parts_s"], {})
         # the same relabelled data set: the same training, as when each run made its own copy
         self.assertEqual(u["losses"], c["losses"])
         alone, _, _ = cpu_record(self, "reorder-alone.json", "--pipelines", "cpu_centric", "--reorder", "frequency")

@@ -292,6 +292,10 @@ class TestReorder(TestCase):
                 self.assertEqual(ro.to_old(ds2.split[k]), ds.split[k])   # same nodes, same order
             self.assertEqual(ro.rows_to_original(ds2.x), ds.x)
             self.assertEqual(ro.rows_to_new(ds.y), ds2.y)
+            # what each part took, the features' and labels' included
+            self.assertEqual(set(ro.seconds), {"rank", "relabel", "rows"})
+            self.assertTrue(all(v >= 0 for v in ro.seconds.values()))
+            self.assertEqual(set(reorder(ds.graph, "degree")[1].seconds), {"rank", "relabel"})
             self.assertEqual(edge_set(ds2.graph, ro.perm), edge_set(ds.graph))
             # Same seeds (relabelled) -> the same sampled nodes: the sampler draws slots by position.
             seeds = ds.split["train"][:64]
@@ -324,7 +328,17 @@ class TestReorder(TestCase):
             reorder(g, torch.arange(4))
         with self.assertRaisesRegex(TypeError, "NodeDataset or a CSRGraph"):
             reorder(torch.zeros(3), "degree")
-        _, ro = reorder(g, "degree")
+        for device, msg in (("meta", "device must be the CPU or a CUDA GPU"), ("tpu", "device must be a torch.device"),
+                            ("nonsense", "device must be a torch.device"), (3.5, "device must be a torch.device")):
+            with self.assertRaisesRegex(ValueError, msg):
+                reorder(g, "degree", device=device)
+        if not torch.cuda.is_available():
+            with self.assertRaisesRegex(ValueError, "device=cuda but torch sees no CUDA GPU here"):
+                reorder(g, "degree", device="cuda")
+        else:
+            with self.assertRaisesRegex(ValueError, "this machine has"):
+                reorder(g, "degree", device=f"cuda:{torch.cuda.device_count()}")
+        _, ro = reorder(g, "degree", device="cpu")
         with self.assertRaisesRegex(ValueError, "expected 5 rows"):
             ro.rows_to_original(torch.zeros(4))
         self.assertEqual(relabel_graph(g, ro.perm, ro.inv).device, g.device)
@@ -453,6 +467,17 @@ class TestAblation(_Tiny):
         self.assertEqual(a["test_acc"], b["test_acc"])
         # Layer-wise inference visits nodes in id order: the same logits up to float rounding.
         self.assertLessEqual(abs(a["test_acc_full"] - b["test_acc_full"]), 2 / 900)
+
+    @requires_gpu
+    def test_nodes_sorted_on_the_gpu_take_the_cpus_order(self):
+        # a stable sort of the same scores: the same permutation, ties included, wherever it runs
+        g = random_graph(3000, 20000, 5)
+        for by, fanout in (("frequency", 3), ("frequency", -1), ("degree", -1)):
+            cpu_graph, cpu = reorder(g, by, fanout=fanout)
+            gpu_graph, gpu = reorder(g, by, fanout=fanout, device="cuda")
+            self.assertEqual(gpu.perm, cpu.perm, msg=by)
+            self.assertEqual(gpu.perm.device.type, "cpu")
+            self.assertEqual(gpu_graph.col, cpu_graph.col)
 
     @requires_gpu
     def test_a_frequency_reorder_and_the_cache_rank_the_rows_once(self):

@@ -96,6 +96,11 @@ def median_row(runs: list[dict]) -> dict:
     row = dict(ordered[(len(runs) - 1) // 2])
     row["repeats"] = {"epoch_s": [r["epoch_s"] for r in runs], "test_acc": [r["test_acc"] for r in runs]}
     row["reorder_s"] = sum(r.get("reorder_s", 0.0) for r in runs)
+    parts = {}
+    for r in runs:
+        for k, v in (r.get("reorder_parts_s") or {}).items():
+            parts[k] = parts.get(k, 0.0) + v
+    row["reorder_parts_s"] = parts
     return row
 
 
@@ -151,7 +156,7 @@ def epoch_row(name: str, rec: dict, note: str) -> dict:
            "device": rec["device"], "graph": rec.get("graph"), "note": note}
     if "test_acc_full" in rec:
         row["test_acc_full"] = rec["test_acc_full"]
-    for k in ("feature_store", "block_mode", "num_workers", "cuda_graph", "reorder_s"):
+    for k in ("feature_store", "block_mode", "num_workers", "cuda_graph", "reorder_s", "reorder_parts_s"):
         if k in rec:
             row[k] = rec[k]
     return row
@@ -301,7 +306,9 @@ def _run_turns(args, device, wanted, repeats, runs, record, path) -> None:
                 write_json(path, record)
             msg = f"epoch {row['epoch_s']:.3f} s" if row["status"] == "ok" else f"{row['status']}: {row['reason']}"
             # a reorder is setup the epochs do not show: say what it took of the whole run
-            reordering = f", {row['reorder_s']:.1f} s of it reordering" if row.get("reorder_s") else ""
+            parts = row.get("reorder_parts_s") or {}
+            reordering = (f", {row['reorder_s']:.1f} s of it reordering ("
+                          + ", ".join(f"{k} {v:.1f} s" for k, v in parts.items()) + ")") if row.get("reorder_s") else ""
             msg += f" ({row['run_s']:.0f} s in all{reordering})"
             print(f"{label}: {msg}", file=sys.stderr, flush=True)
 

@@ -68,41 +68,48 @@ def keep_reordered():
 
 def load_for_run(args, show: bool):
     """The data set of a run, relabelled when ``--reorder`` asks; (dataset, seconds spent
-    reordering: 0.0 where :func:`keep_reordered` had it already)."""
+    reordering by part: ``rank``, ``relabel``, ``rows``; none where :func:`keep_reordered` had
+    it already, or without ``--reorder``)."""
     from ..graph import load_dataset
     key = (args.dataset, str(args.root), args.data_seed, args.reorder, args.fanouts[-1])
     if args.reorder != "none" and _KEPT is not None and key in _KEPT:
-        return _KEPT[key], 0.0
+        return _KEPT[key], {}
     ds = load_dataset(args.dataset, root=args.root, seed=args.data_seed, show_progress=show)
-    reorder_s = 0.0
+    seconds = {}
     if args.reorder != "none":
         from ..graph import reorder
-        t0 = time.perf_counter()
         # frequency: ranked as the cache ranks its rows (the last fanout), so that the cached rows
-        # are the table's first ones; results stay per node: accuracies need no mapping back
-        ds, _ = reorder(ds, args.reorder, fanout=args.fanouts[-1], show_progress=show)
-        reorder_s = time.perf_counter() - t0
+        # are the table's first ones; results stay per node: accuracies need no mapping back.
+        # The nodes are sorted on the run's GPU, where there is one (the same order, sooner).
+        ds, ro = reorder(ds, args.reorder, fanout=args.fanouts[-1], show_progress=show,
+                         device=resolve_device(args.device))
+        seconds = dict(ro.seconds)
         if _KEPT is not None:
             _KEPT.clear()   # the earlier copy goes before this one is kept
             _KEPT[key] = ds
-    return ds, reorder_s
+    return ds, seconds
+
+
+REORDER_PARTS = ("rank", "relabel", "rows")
 
 
 def load(args, ctx, show: bool):
-    """The run's data set and the seconds spent reordering it; under several processes one
-    copy per node in shared memory, mapped by every rank of the node."""
+    """The run's data set and the seconds spent reordering it, by part (``REORDER_PARTS``);
+    under several processes one copy per node in shared memory, mapped by every rank of the
+    node (the parts the longest of any node's)."""
     if ctx is None:
         return load_for_run(args, show)
     from .distributed import shared_dataset
     loaded = {}
 
     def load_here():
-        loaded["ds"], loaded["reorder_s"] = load_for_run(args, show)
+        loaded["ds"], loaded["seconds"] = load_for_run(args, show)
         return loaded["ds"]
     ds = shared_dataset(ctx, load_here)
-    reorder_s = ctx.all_max([loaded.get("reorder_s", 0.0)])[0]
+    mine = loaded.get("seconds", {})
+    seconds = dict(zip(REORDER_PARTS, ctx.all_max([mine.get(k, 0.0) for k in REORDER_PARTS])))
     loaded.clear()  # local rank 0 drops its private copy: the shared one is all that is left
-    return ds, reorder_s
+    return ds, (seconds if any(seconds.values()) else {})
 
 
 class TrainingStream:
@@ -223,7 +230,8 @@ def _run(args, ctx, make_batches) -> dict:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    ds, reorder_s = load(args, ctx, show)
+    ds, reorder_parts = load(args, ctx, show)
+    reorder_s = sum(reorder_parts.values())
     source = (make_batches or default_batches)(args, ds, device, ctx, say)
     model = GNN(args.model, ds.num_features, args.hidden, ds.num_classes, len(args.fanouts),
                 dropout=args.dropout, use_pyg=use_pyg_for(args.layers), precision=args.precision).to(device)
@@ -239,7 +247,7 @@ def _run(args, ctx, make_batches) -> dict:
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
               "world_size": 1 if ctx is None else ctx.world, "dataset": repr(ds), "backend": model.backend,
               **source.info, "step_priority": step_priority, "reorder": args.reorder,
-              "reorder_s": reorder_s, "precision": args.precision,
+              "reorder_s": reorder_s, "reorder_parts_s": reorder_parts, "precision": args.precision,
               "epochs": []}
     reorder_text = f", reorder {args.reorder} ({reorder_s:.2f} s)" if args.reorder != "none" else ""
     say(f"train: {ds!r}\n" + source.describe(f"{args.model} ({model.backend})", reorder_text), flush=True)
