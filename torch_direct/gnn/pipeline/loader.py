@@ -175,10 +175,11 @@ class _Epoch:
             sampled, self.samplers = sampling_threads(stages, seeds, self.timer, prefetch, self.stop)
         else:  # sampled in the loader's thread, on its stream, as each batch is made
             sampled = timed_samples(stages.sample_iter(seeds), self.timer, stages.stream)
-        self._it = stages.batch_iter(sampled, self.timer)
+        workers = len(stages.gather_streams)
+        # the batches made one after another (in the loop, or in the one producer thread)
+        self._it = stages.batch_iter(sampled, self.timer) if workers == 1 else None
         if prefetch > 0:
             self.q: queue.Queue = queue.Queue(maxsize=prefetch)
-            workers = len(stages.gather_streams)
             if workers == 1:
                 self.threads = [threading.Thread(target=_produce, name="torch_direct-loader", daemon=True,
                                                  args=(stages, self._it, self.timer, self.q, self.stop))]
