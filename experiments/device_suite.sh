@@ -63,6 +63,10 @@ else
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, torch_direct; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'built_with_cuda', torch_direct.built_with_cuda())" | tee -a "$OUT/gpu.txt"
+# the source digest of the tree that runs here, as records name it: `python tools/source_digest.py
+# <commit>` where the tree came from says which commit has it (this copy's git metadata may name
+# an older one)
+python3 tools/source_digest.py | sed 's/^/source /' | tee -a "$OUT/gpu.txt"
 [ "${1:-}" = --build-only ] && exit 0
 files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_*.py)
 for f in "${files[@]}"; do
