@@ -121,7 +121,8 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return t if t.device.type == "cpu" else t.cpu()
 
 
-def _stream_ctx(stream, device: torch.device):
+def stream_context(stream, device: torch.device):
+    """``stream`` made current for a block (nothing to do without one, or off CUDA)."""
     if stream is None or device.type != "cuda":
         return nullcontext()
     return torch.cuda.stream(stream)
@@ -164,7 +165,7 @@ class FeatureStore:
     def gather(self, n_id, device=None, stream=None) -> torch.Tensor:
         device = self.device if device is None else check_device(device)
         n_id = _check_index(n_id, self.num_rows)
-        with _stream_ctx(stream, device):
+        with stream_context(stream, device):
             return self.read(n_id, device)
 
     def read(self, idx: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -242,8 +242,8 @@ class _Epoch:
         """Stop the producer (and the sampling thread) and join them (idempotent)."""
         self.done = True
         self.stop.set()
-        q = getattr(self, "q", None)
-        for thread, q in [(thread, q) for thread in self.threads] + self.samplers:
+        mine = getattr(self, "q", None)   # the queue every batch-making thread puts into
+        for thread, q in [(thread, mine) for thread in self.threads] + self.samplers:
             while thread.is_alive():
                 _drain(q)                             # free queued batches (and pinned memory)
                 thread.join(timeout=0.05)

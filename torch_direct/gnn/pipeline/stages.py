@@ -3,11 +3,11 @@ The pipelined loader (``pipeline/loader.py``) runs them in its threads and CUDA 
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
+from .features import stream_context
 from .timing import Timer
 
 STAGES = ("sample", "gather", "transfer")
@@ -100,7 +100,7 @@ class Stages:
             yield from self.make(sbs, timer)
 
     def _ctx(self, stream):
-        return torch.cuda.stream(stream) if self.cuda else nullcontext()
+        return stream_context(stream, self.device)
 
     def take(self, it, stream=None) -> list:
         """The sampled batches of one gather from ``it``: ``merge`` of them (fewer at the end of
