@@ -132,6 +132,13 @@ class TestBenchTrainCPU(_Tiny):
             # the printed row shows the step and each stage's busy time, so a run's limit is visible
             self.assertIn(f"| {r['train_step_s']:.3f} | {r['exposed_s']['sample']:.3f}/", self.out)
             self.assertIn(f"| {b['sample']:.3f}/{b['gather']:.3f}/{b['transfer']:.3f} |", self.out)
+            # and the step's host side: the loop's wall and CPU seconds in its step calls
+            if r["device"] == "cpu":   # where the step's time is its host time
+                self.assertEqual(r["train_step_host_s"], r["train_step_s"])
+            self.assertGreater(r["train_step_cpu_s"], 0)
+            self.assertLessEqual(r["train_step_cpu_s"], r["train_step_host_s"] * 1.05 + 0.05)
+            self.assertIn(f"{name}: train step {r['train_step_s']:.3f} s; the loop's host side of it "
+                          f"{r['train_step_host_s']:.3f} s wall, {r['train_step_cpu_s']:.3f} s CPU", self.out)
             # the whole run (loading, both epochs, evaluation) outlasts its epochs, and is printed
             self.assertGreater(r["run_s"], sum(r["epoch_times_s"]))
             self.assertIn(f"{name}: epoch {r['epoch_s']:.3f} s ({r['run_s']:.0f} s in all)", self.err)

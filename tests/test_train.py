@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 import unittest
 
 import torch
@@ -167,10 +168,63 @@ class TestTrain(TestCase):
         self.assertEqual(rec["device"], "cpu")
         self.assertEqual(rec["backend"], "builtin")
         e = rec["epochs"][0]
-        for k in ("total_s", "train_step_s", "loader_wait_s", "loss", "train_acc", "valid_acc"):
+        for k in ("total_s", "train_step_s", "train_step_host_s", "train_step_cpu_s", "loader_wait_s", "loss",
+                  "train_acc", "valid_acc"):
             self.assertIn(k, e)
         self.assertEqual(set(e["exposed_s"]), {"sample", "gather", "transfer"})
         self.assertIn("test_acc", rec)
+
+    def test_step_host_time_and_cpu_time(self):
+        # The step's host side: a step that waits (as for the GIL or a core) spends wall time
+        # without CPU time; one that computes spends both.
+        class B:
+            batch_size = 2
+            y = torch.tensor([0, 1])
+        out = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+
+        def waits(b):
+            time.sleep(0.04)
+            return torch.tensor(1.0), out
+
+        def computes(b):
+            t = time.thread_time()
+            while time.thread_time() - t < 0.04:
+                pass
+            return torch.tensor(1.0), out
+        model = torch.nn.Linear(1, 1)
+        cpu = torch.device("cpu")
+        ep = train.train_epoch(model, None, [B(), B(), B()], cpu, False, "t", step=waits)
+        self.assertGreaterEqual(ep["step_host"], 0.12)
+        self.assertLess(ep["step_cpu"], 0.06)
+        self.assertEqual(ep["step"], ep["step_host"])   # on the CPU the step's time is its host time
+        self.assertEqual((ep["correct"], ep["seen"]), (6.0, 6.0))
+        ep = train.train_epoch(model, None, [B(), B(), B()], cpu, False, "t", step=computes)
+        self.assertGreaterEqual(ep["step_cpu"], 0.12)
+        self.assertGreaterEqual(ep["step_host"], ep["step_cpu"] * 0.9)
+        rec = train.epoch_record(1, ep, {"wait": 0.0, "busy": {"sample": 0.0}, "batches": 3}, 0.5)
+        self.assertEqual((rec["train_step_host_s"], rec["train_step_cpu_s"]), (ep["step_host"], ep["step_cpu"]))
+        if os.path.exists("/proc/thread-self/schedstat"):
+            self.assertGreaterEqual(ep["run_delay"], 0.0)
+            self.assertEqual(rec["loop_run_delay_s"], ep["run_delay"])
+
+    def test_run_delay_counts_waiting_for_a_core(self):
+        # The loop's wait for a core: processes that keep every core busy make a busy thread wait.
+        # (Processes, not threads: a thread would hold the GIL, which is not a wait for a core.)
+        from torch_direct.gnn.pipeline.timing import thread_run_delay
+        if thread_run_delay() is None:
+            self.skipTest("the kernel gives no scheduler statistics here (/proc/thread-self/schedstat)")
+        import subprocess
+        import sys
+        spin = "import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end:\n    pass\n"
+        procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3 * (os.cpu_count() or 1))]
+        time.sleep(0.3)
+        d0, t0 = thread_run_delay(), time.thread_time()
+        while time.thread_time() - t0 < 0.3:
+            pass
+        d1 = thread_run_delay()
+        for p in procs:
+            p.wait()
+        self.assertGreater(d1 - d0, 0.05)
 
     def test_cli_help_and_bad_input(self):
         out = io.StringIO()

@@ -20,12 +20,15 @@ class Timer:
     (sampling threads, CPU slicing) and its GPU work alike. Without it, the stream time
     alone: a training step is the GPU's time for it, however far ahead the host launched it.
     ``blocking`` events make :meth:`totals` sleep rather than spin while it waits, so that
-    the host's CPU time counts the timed work only (benchmarks).
+    the host's CPU time counts the timed work only (benchmarks). ``host_seconds`` sums each
+    key's host time alone, on every device: where it nears the stream time of a CUDA section,
+    the host's pace, not the GPU's, set that section's length.
     """
 
     def __init__(self, cuda: bool, keys=(), host_floor: bool = False, blocking: bool = False):
         self.cuda, self.host_floor, self.blocking = bool(cuda), host_floor, blocking
         self.seconds = dict.fromkeys(keys, 0.0)
+        self.host_seconds = dict.fromkeys(keys, 0.0)
         self.events: list = []
         self._lock = threading.Lock()   # several sampling threads stop sections of one key
 
@@ -38,13 +41,16 @@ class Timer:
 
     def stop(self, key: str, start, stream=None) -> None:
         ev0, t0 = start
-        host = time.perf_counter() - t0
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True, blocking=self.blocking)
             ev.record(stream)
+            host = time.perf_counter() - t0
             self.events.append((key, ev0, ev, host))
         else:
-            with self._lock:
+            host = time.perf_counter() - t0
+        with self._lock:
+            self.host_seconds[key] = self.host_seconds.get(key, 0.0) + host
+            if not self.cuda:
                 self.seconds[key] = self.seconds.get(key, 0.0) + host
 
     def totals(self) -> dict:
@@ -59,6 +65,17 @@ class Timer:
     def total(self) -> float:
         """Seconds over every key."""
         return sum(self.totals().values())
+
+
+def thread_run_delay() -> float | None:
+    """Seconds the calling thread has spent waiting for a core, runnable but not running (the
+    kernel's schedstat ``run_delay``), or None where the kernel does not say (not Linux, or no
+    scheduler statistics)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def split_by_busy(seconds: float, busy: dict) -> dict:

@@ -43,7 +43,7 @@ from .graphed import GraphedStep, eager_step
 from .loader import cuda_priority
 from .models import GNN, make_optimizer, model_precision, use_pyg_for
 from .options import add_arguments, check_options, check_paths, resolve_device  # noqa: F401  (add_arguments: the command.s options)
-from .timing import StepProfiler, Timer, split_by_busy, sync
+from .timing import StepProfiler, Timer, split_by_busy, sync, thread_run_delay
 
 
 # While keep_reordered() is active: the last relabelled data set, under the key of what made it.
@@ -140,40 +140,54 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     """One pass over ``loader``'s batches: forward, loss, backward, optimizer step (``step(batch)``
     when given, returning the loss and the seeds' logits: the CUDA-graphed step). Returns the
     epoch's wall time (CUDA synchronised at both ends), its training steps' time (CUDA events
-    around each step; perf_counter on the CPU), the summed loss and the correct and seen
-    counts, all as floats."""
+    around each step; perf_counter on the CPU), the host's wall time inside the step calls
+    and this thread's CPU time there (on CUDA, a step whose host side takes about as long as
+    its stream time was paced by the host: by launches, or by a thread that waited for the
+    GIL or a core where the wall time exceeds the CPU time), the seconds this thread waited
+    for a core over the epoch (None where the kernel does not say), the summed loss and the
+    correct and seen counts, as floats."""
     step_model.train()
     steps = Timer(device.type == "cuda")
     eager = lambda b: eager_step(step_model, opt, b)  # noqa: E731
     correct = seen = 0
+    cpu = 0.0
     loss_sum = torch.zeros((), device=device)
     sync(device)
+    delay0 = thread_run_delay()
     t0 = time.perf_counter()
     with progress(len(loader), desc, show) as bar:
         for i, b in enumerate(loader):
             if profiler is not None:
                 profiler.step(i)
             t = steps.start()
+            c0 = time.thread_time()
             loss, out = (step or eager)(b)
             loss_sum += loss.detach() * b.batch_size
             # On the device: a host wait here would hold the next step back.
             correct += correct_count(out, b.y)
             seen += b.batch_size
             steps.stop("step", t)
+            cpu += time.thread_time() - c0
             bar.update(1)
     sync(device)
     total = time.perf_counter() - t0
-    return {"total": total, "step": steps.total(), "loss": float(loss_sum), "correct": float(correct),
-            "seen": float(seen)}
+    delay1 = thread_run_delay()
+    return {"total": total, "step": steps.total(), "step_host": steps.host_seconds.get("step", 0.0),
+            "step_cpu": cpu, "run_delay": None if delay0 is None or delay1 is None else delay1 - delay0, "loss": float(loss_sum), "correct": float(correct), "seen": float(seen)}
 
 
 def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
     """The record of one epoch. Exposed loader time: the epoch less its training steps (on a
     GPU the host runs ahead, so its queue wait alone misses the stream waiting on a batch's
-    event; never less than that wait), split over the stages by :func:`split_by_busy`."""
+    event; never less than that wait), split over the stages by :func:`split_by_busy`. The
+    training steps' host side: the loop's wall time inside the step calls
+    (``train_step_host_s``) and its thread's CPU time there (``train_step_cpu_s``), and the
+    seconds the loop's thread waited for a core in the epoch (``loop_run_delay_s``, None where
+    unknown)."""
     total, step, seen = ep["total"], ep["step"], ep["seen"]
     exposed = split_by_busy(max(stats["wait"], total - step), stats["busy"])
-    return {"epoch": epoch, "total_s": total, "train_step_s": step, "loader_wait_s": stats["wait"],
+    return {"epoch": epoch, "total_s": total, "train_step_s": step, "train_step_host_s": ep["step_host"],
+            "train_step_cpu_s": ep["step_cpu"], "loop_run_delay_s": ep["run_delay"], "loader_wait_s": stats["wait"],
             "exposed_s": exposed, "busy_s": stats["busy"], "batches": stats["batches"],
             "loss": ep["loss"] / seen if seen else float("nan"),
             "train_acc": ep["correct"] / seen if seen else float("nan"), "valid_acc": valid_acc}
@@ -265,12 +279,14 @@ def _run(args, ctx, make_batches) -> dict:
             stats = train_loader.stats()
             if ctx is not None:  # the job's figures: sums over ranks, the slowest rank's times
                 ep["loss"], ep["correct"], ep["seen"] = ctx.all_sum([ep["loss"], ep["correct"], ep["seen"]])
-                ep["total"], ep["step"] = ctx.all_max([ep["total"], ep["step"]])
+                ep["total"], ep["step"], ep["step_host"], ep["step_cpu"] = ctx.all_max(
+                    [ep["total"], ep["step"], ep["step_host"], ep["step_cpu"]])
             rec = epoch_record(epoch, ep, stats, evaluate(model, valid_loader, show, "valid", ctx))
             record["epochs"].append(rec)
             stages = " ".join(f"{k} {rec['exposed_s'][k]:.3f}" for k in STAGES)
             say(f"epoch {epoch:3d}  total {rec['total_s']:7.3f} s  exposed: {stages}  "
-                f"train-step {rec['train_step_s']:.3f} s  loss {rec['loss']:.4f}  train acc {rec['train_acc']:.4f}  "
+                f"train-step {rec['train_step_s']:.3f} s (host {rec['train_step_host_s']:.3f} s, "
+                f"cpu {rec['train_step_cpu_s']:.3f} s)  loss {rec['loss']:.4f}  train acc {rec['train_acc']:.4f}  "
                 f"valid acc {rec['valid_acc']:.4f}", flush=True)
 
         test = test_ids(ds, args.test_nodes, args.data_seed)
