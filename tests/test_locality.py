@@ -102,6 +102,54 @@ class TestReorder(TestCase):
         finally:
             mod._EDGE_CHUNK = saved
 
+    def test_relabel_kernel_on_threads_and_in_row_ranges(self):
+        # The CPU threads share each range of rows by edges (a row of 150 beside rows of 0-12):
+        # any thread count and any split into row ranges writes the same arrays.
+        from torch_direct.gnn.graph import _sampler
+        g = varied_graph(6, n=300)
+        eids = torch.randperm(g.num_edges, generator=torch.Generator().manual_seed(1))
+        g = CSRGraph(g.rowptr, g.col, eids)
+        perm = torch.randperm(300, generator=torch.Generator().manual_seed(2))
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(300)
+        rowptr, cols, want_eids = brute_force_relabel(g, perm)
+        rowptr_new = torch.tensor(rowptr)
+        for col in (g.col, g.col.int()):
+            for threads in (1, 2, 3, 8):
+                for cuts in ((0, 300), (0, 100, 101, 300), (0, 0, 299, 300)):
+                    col_new, eids_new = torch.full_like(col, -1), torch.full_like(eids, -1)
+                    for a, b in zip(cuts[:-1], cuts[1:]):
+                        _sampler._relabel_csr(g.rowptr, col, perm, inv.to(col.dtype), rowptr_new, col_new, eids, eids_new,
+                                              a, b, threads)
+                    with self.subTest(dtype=col.dtype, threads=threads, cuts=cuts):
+                        self.assertEqual(col_new.tolist(), cols)
+                        self.assertEqual(eids_new.tolist(), want_eids)
+
+    def test_relabel_kernel_refuses_bad_ids(self):
+        from torch_direct.gnn.graph import _sampler
+        g = random_graph(30, 200, 7)
+        perm = torch.randperm(30, generator=torch.Generator().manual_seed(3))
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(30)
+        rowptr_new = torch.tensor(brute_force_relabel(g, perm)[0])
+        bad_col = g.col.clone()
+        bad_col[5] = 30
+        deg = g.rowptr[1:] - g.rowptr[:-1]
+        other = int(torch.nonzero(deg[perm] != deg[perm[0]])[0])
+        twice = perm.clone()
+        twice[0] = perm[other]   # a node listed twice: its row's length is not the one rowptr_new gives
+        for args, msg in (((g.rowptr, bad_col, perm), "outside"), ((g.rowptr, g.col, twice), "outside|lengths")):
+            kept = [a.clone() for a in args]
+            with self.assertRaisesRegex(RuntimeError, msg):
+                _sampler._relabel_csr(*args, inv, rowptr_new, torch.empty_like(g.col), None, None, 0, 30, 2)
+            for a, k in zip(args, kept):
+                self.assertEqual(a, k)   # the inputs are untouched
+        with self.assertRaisesRegex(RuntimeError, "not within"):
+            _sampler._relabel_csr(g.rowptr, g.col, perm, inv, rowptr_new, torch.empty_like(g.col), None, None, 0, 31, 2)
+        with self.assertRaisesRegex(RuntimeError, "col_new"):
+            _sampler._relabel_csr(g.rowptr, g.col, perm, inv, rowptr_new, torch.empty(3, dtype=g.col.dtype), None, None,
+                                  0, 30, 2)
+
     def test_degree_order_puts_hot_nodes_first(self):
         g = random_graph(200, 3000, 5)
         g2, ro = reorder(g, "degree")

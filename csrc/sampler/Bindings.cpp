@@ -4,6 +4,7 @@
 
 #include "BlockSampler.h"
 #include "NeighborSampler.h"
+#include "Relabel.h"
 
 namespace torch_direct::sampler {
 namespace {
@@ -31,6 +32,13 @@ const at::Tensor& on_device(const at::Tensor& t, c10::Device device) {
 } // namespace
 
 void bind(pybind11::module& m) {
+  m.def("_relabel_csr",
+        [](const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm, const at::Tensor& inv,
+           const at::Tensor& rowptr_new, at::Tensor col_new, const std::optional<at::Tensor>& eids,
+           std::optional<at::Tensor> eids_new, int64_t row_begin, int64_t row_end, int64_t threads) {
+          py::gil_scoped_release no_gil;
+          relabel_csr(rowptr, col, perm, inv, rowptr_new, col_new, eids, eids_new, row_begin, row_end, threads);
+        });
   m.def("_sample_neighbors",
         [](const at::Tensor& rowptr, const at::Tensor& col, const std::vector<at::Tensor>& batches,
            const std::vector<int64_t>& fanouts, uint64_t seed, const std::vector<int64_t>& streams,

@@ -272,36 +272,27 @@ def _sort_device(device):
 
 def relabel_graph(graph: CSRGraph, perm: torch.Tensor, inv: torch.Tensor, *, show_progress: bool = False) -> CSRGraph:
     """``graph`` with node ``perm[r]`` renamed ``r``: rows moved, column ids mapped through
-    ``inv``, each row's neighbour order (and ``edge_ids``) kept. Vectorized, in chunks of
-    about ``_EDGE_CHUNK`` edges (so temporaries stay small on large graphs); the result is on
-    the graph's device (computed on the host)."""
-    rowptr = host_values(graph.rowptr).cpu()
-    col = host_values(graph.col).cpu()
-    eids = None if graph.edge_ids is None else host_values(graph.edge_ids).cpu()
-    deg = rowptr[1:] - rowptr[:-1]
-    deg_new = deg[perm]
+    ``inv``, each row's neighbour order (and ``edge_ids``) kept. On the CPU's threads, in
+    chunks of about ``_EDGE_CHUNK`` edges (each split by edges over the threads, so that long
+    rows do not leave threads idle); the result is on the graph's device (computed on the
+    host)."""
+    from . import _sampler
+    rowptr = host_values(graph.rowptr).cpu().long().contiguous()
+    col = host_values(graph.col).cpu().contiguous()
+    eids = None if graph.edge_ids is None else host_values(graph.edge_ids).cpu().long().contiguous()
+    perm = perm.cpu().long().contiguous()
+    deg_new = (rowptr[1:] - rowptr[:-1])[perm]
     rowptr_new = torch.zeros_like(rowptr)
     torch.cumsum(deg_new, 0, out=rowptr_new[1:])
-    start_old = rowptr[:-1][perm]
+    del deg_new
     col_new = torch.empty_like(col)
     eids_new = None if eids is None else torch.empty_like(eids)
-    inv = inv.to(col.dtype)   # new ids in the column array's own type: mapped straight into place
+    inv = inv.cpu().to(col.dtype).contiguous()   # new ids in the column array's own type
     e = graph.num_edges
-    chunks = _edge_chunks(rowptr_new)
-    per_slot = _PerSlot(rowptr_new, chunks)
-    cap = per_slot.out.numel()
-    ramp, old_col = torch.empty(cap, dtype=torch.int64), torch.empty(cap, dtype=col.dtype)
-    # Slot j of new row r is slot (rowptr[perm[r]] + j - rowptr_new[r]) of the old arrays.
-    offset = start_old - rowptr_new[:-1]
     with progress(e, "reorder: CSR entries", enabled=show_progress and e >= 1 << 27) as bar:
-        for a, b in chunks:
-            lo, hi = int(rowptr_new[a]), int(rowptr_new[b])
-            m = hi - lo
-            at = per_slot(a, b, offset[a:b]).add_(torch.arange(lo, hi, out=ramp[:m]))
-            torch.index_select(inv, 0, torch.index_select(col, 0, at, out=old_col[:m]), out=col_new[lo:hi])
-            if eids is not None:
-                torch.index_select(eids, 0, at, out=eids_new[lo:hi])
-            bar.update(m)
+        for a, b in _edge_chunks(rowptr_new):
+            _sampler._relabel_csr(rowptr, col, perm, inv, rowptr_new, col_new, eids, eids_new, a, b, 0)
+            bar.update(int(rowptr_new[b] - rowptr_new[a]))
     out = CSRGraph(rowptr_new, col_new, eids_new, validate=False)
     return out if graph.device.type == "cpu" else out.to(graph.device)
 
