@@ -178,6 +178,43 @@ class TestCpuThreads(TestCase):
             got = pool.apply_async(torch_direct._C._parallel_threads_used, (4,)).get(timeout=60)
         self.assertEqual(got, 4)
 
+    @extension_only("_parallel_thread_nices is a test hook of the extension's module")
+    def test_cpu_pool_nice_makes_the_pool_threads_nicer_than_their_caller(self):
+        # In a process of its own: the pool's threads keep a niceness once given.
+        import json
+        import subprocess
+        import sys
+        code = """
+import json, os, torch, torch_direct
+out = {"base": os.getpriority(os.PRIO_PROCESS, 0), "plain": torch_direct._C._parallel_thread_nices(3)}
+src = torch.randn(150000, 4)
+u = src.to("unified")
+idx = torch.randint(0, 150000, (200000,))
+with torch_direct.experimental(cpu_pool_nice=4, gather_own_pool=1):
+    out["nice4"] = torch_direct._C._parallel_thread_nices(3)
+    out["rows"] = bool(torch.equal(torch_direct.gather(u, idx), src[idx]))
+out["after"] = torch_direct._C._parallel_thread_nices(3)
+for bad in ("20", "x"):
+    with torch_direct.experimental(cpu_pool_nice=bad):
+        try:
+            torch_direct._C._parallel_thread_nices(3)
+            out[bad] = "ran"
+        except RuntimeError as e:
+            out[bad] = str(e)
+print(json.dumps(out))
+"""
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        base = out["base"]
+        nicer = min(19, base + 4)
+        self.assertEqual(out["plain"], [base, base, base])           # unset: as the threads were made
+        self.assertEqual(out["nice4"], [base, nicer, nicer])         # the caller keeps its own
+        self.assertTrue(out["rows"])
+        self.assertEqual(out["after"], [base, nicer, nicer])         # unset again: left as it is
+        self.assertIn("from 0 to 19", out["20"])
+        self.assertIn("cpu_pool_nice must be an integer", out["x"])
+
     def test_prefetch_experiment_keeps_rows(self):
         # The experimental cpu_gather_prefetch asks for rows ahead of the copy in our loop (which
         # gather_own_pool keeps for rows copied as they are); the rows are the same

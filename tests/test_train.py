@@ -8,6 +8,7 @@ import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -207,6 +208,21 @@ class TestTrain(TestCase):
             self.assertGreaterEqual(ep["run_delay"], 0.0)
             self.assertEqual(rec["loop_run_delay_s"], ep["run_delay"])
 
+    def test_gil_switch_interval_for_the_run_only(self):
+        import sys
+        before = sys.getswitchinterval()
+        seen = []
+        with mock.patch.object(train, "_run", lambda *a: seen.append(sys.getswitchinterval()) or {}):
+            with torch_direct.experimental(gil_switch_us=250):
+                train.run(self.args("--device", "cpu"))
+            train.run(self.args("--device", "cpu"))
+            for bad in ("0", "x", "-5"):
+                with torch_direct.experimental(gil_switch_us=bad), self.assertRaisesRegex(ValueError, "gil_switch_us"):
+                    train.run(self.args("--device", "cpu"))
+        self.assertAlmostEqual(seen[0], 250e-6)
+        self.assertEqual(seen[1:], [before])   # unset: Python's own; a bad value runs nothing
+        self.assertEqual(sys.getswitchinterval(), before)
+
     def test_run_delay_counts_waiting_for_a_core(self):
         # The loop's wait for a core: processes that keep every core busy make a busy thread wait.
         # (Processes, not threads: a thread would hold the GIL, which is not a wait for a core.)
@@ -311,7 +327,6 @@ class TestTrain(TestCase):
     def test_graph_copy_checks_free_gpu_memory_first(self):
         # The check runs before any CUDA allocation: with too little free memory reported, the
         # copy is refused with a clear error (on a machine without a GPU too).
-        from unittest import mock
         need = self.ds.graph.rowptr.nbytes + self.ds.graph.col.nbytes
         with mock.patch("torch.cuda.mem_get_info", return_value=(need, 10 * need)), \
                 self.assertRaisesRegex(ValueError, "keep it in host memory \\(--graph unified\\)"):

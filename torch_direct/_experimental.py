@@ -42,6 +42,13 @@ SETTINGS = {
                     "(train --gather-cpu-threads), sorts each gather's rows farthest first, so that the CPU "
                     "threads take the rows at the table's far end and the GPU reads the rest, a narrower span "
                     "of addresses (default: index: the CPU threads take the first part of the index as it comes)",
+    "cpu_pool_nice": "int 0-19: the CPU thread pool's workers (the hybrid gather's CPU threads, the CPU samplers') "
+                     "run this much nicer than the thread that calls them, so that the scheduler gives a core to "
+                     "the process's other threads, such as the training loop, first (default: unset, their "
+                     "niceness left as it is; making them less nice again needs CAP_SYS_NICE)",
+    "gil_switch_us": "int >= 1: the GIL's switch interval, in microseconds, while `train` and `bench train` train "
+                     "(how long a thread that wants the GIL waits before it asks the holder to drop it; default: "
+                     "unset, Python's 5000)",
 }
 
 

@@ -35,6 +35,8 @@ constexpr const char* kSettings[] = {
     "feature_pages",        // small | huge: the GNN feature store's table pages (read in Python)
     "cached_gather",        // split | fused: the GNN feature store's cached gather (read in Python)
     "hybrid_split",         // index | address: which rows a hybrid feature gather's CPU threads take (Python)
+    "cpu_pool_nice",        // int 0-19: the CPU thread pool's workers run this much nicer than their caller
+    "gil_switch_us",        // int >= 1: the GIL's switch interval while the GNN stack trains (Python)
 };
 
 [[maybe_unused]] bool known(const std::string& name) {

@@ -13,6 +13,13 @@
 // machine the hybrid gather's CPU part moved rows at about half the rate of
 // index_select on 16 OpenMP threads). The pool grows to the largest number of
 // threads asked for; outgrown pools stay alive, idle.
+//
+// With the experimental cpu_pool_nice=k, the pool's threads that run a call's
+// chunks first take the niceness of the calling thread plus k (at most 19), so
+// that the kernel's scheduler gives a core to the caller's other threads (a
+// training loop that launches GPU work) before them; the calling thread keeps
+// its own. Unset, their niceness is left as it is. Lowering a thread's
+// niceness again (a smaller k later) needs CAP_SYS_NICE.
 
 #include <ATen/Parallel.h>
 #include <c10/core/thread_pool.h>
@@ -25,6 +32,14 @@
 #include <new>
 
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "Experimental.h"
 
 namespace at::native::unified {
 
@@ -65,6 +80,38 @@ inline c10::ThreadPool& chunk_pool(int64_t workers) {
   return *st.pool;
 }
 
+// The niceness a call's pool threads are to take (cpu_pool_nice: the calling
+// thread's plus k, at most 19), or -100 to leave theirs as it is. Read on the
+// calling thread.
+inline int pool_nice_wanted() {
+  const auto k = torch_direct::experimental::get("cpu_pool_nice");
+  if (!k) {
+    return -100;
+  }
+  const int64_t more = torch_direct::experimental::get_int("cpu_pool_nice", 0, 0);
+  TORCH_CHECK(more <= 19, "TORCH_DIRECT_EXPERIMENTAL: cpu_pool_nice must be an integer from 0 to 19, not ", more);
+  errno = 0;
+  const int mine = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+  TORCH_CHECK(errno == 0, "cpu_pool_nice: could not read the calling thread's niceness: ", std::strerror(errno));
+  return static_cast<int>(std::min<int64_t>(19, mine + more));
+}
+
+// On a pool thread: take niceness `want` (unless -100), a system call only
+// when it changes.
+inline void take_pool_nice(int want) {
+  static thread_local int current = -100;
+  if (want == -100 || want == current) {
+    return;
+  }
+  const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+  if (setpriority(PRIO_PROCESS, tid, want) != 0) {
+    const int err = errno;
+    TORCH_CHECK(false, "cpu_pool_nice: could not set a pool thread's niceness to ", want, ": ", std::strerror(err),
+                err == EACCES || err == EPERM ? " (making a thread less nice again needs CAP_SYS_NICE)" : "");
+  }
+  current = want;
+}
+
 // At most max_threads chunks (0: at::get_num_threads()), each of at least
 // `grain` items.
 template <typename F>
@@ -80,6 +127,7 @@ void parallel_chunks(int64_t n, int64_t grain, int64_t max_threads, const F& fn)
     fn(int64_t{0}, n);
     return;
   }
+  const int nice = pool_nice_wanted();
   std::mutex m;
   std::condition_variable cv;
   int64_t left = chunks - 1;
@@ -91,6 +139,7 @@ void parallel_chunks(int64_t n, int64_t grain, int64_t max_threads, const F& fn)
     pool.run([&, b, e] {
       std::exception_ptr err;
       try {
+        take_pool_nice(nice);
         fn(b, e);
       } catch (...) {
         err = std::current_exception();

@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -120,6 +121,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       ids.insert(std::this_thread::get_id());
     });
     return static_cast<int64_t>(ids.size());
+  });
+  m.def("_parallel_thread_nices", [](int64_t chunks) {
+    // The niceness of each thread that ran one of `chunks` chunks, the calling
+    // thread's first (cpu_pool_nice's check).
+    std::mutex mu;
+    const auto caller = std::this_thread::get_id();
+    int caller_nice = 0;
+    std::map<std::thread::id, int> others;
+    at::native::unified::parallel_chunks(chunks, 1, chunks, [&](int64_t, int64_t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const int n = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+      std::lock_guard<std::mutex> g(mu);
+      if (std::this_thread::get_id() == caller) {
+        caller_nice = n;
+      } else {
+        others[std::this_thread::get_id()] = n;
+      }
+    });
+    std::vector<int64_t> out{caller_nice};
+    for (const auto& [id, n] : others) {
+      out.push_back(n);
+    }
+    return out;
   });
   // The hybrid split's policy replayed over given call timings (n, k, cpu_s,
   // gpu_s): the fraction it picks before the first call and after each one.

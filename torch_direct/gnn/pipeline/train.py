@@ -200,18 +200,44 @@ def run(args, make_batches=None) -> dict:
     processes: one rank per GPU (``pipeline/distributed.py``)."""
     from . import distributed
     check_paths(args)
-    if not distributed.requested():
-        return _run(args, None, make_batches)
-    ctx = distributed.init(args.device)
+    with gil_switch_interval():
+        if not distributed.requested():
+            return _run(args, None, make_batches)
+        ctx = distributed.init(args.device)
+        try:
+            record = _run(args, ctx, make_batches)
+        except BaseException as e:
+            instead = distributed.report_stop(ctx, e)
+            if instead is not None:
+                raise instead from e
+            raise
+        ctx.close()
+        return record
+
+
+@contextmanager
+def gil_switch_interval():
+    """The experimental setting gil_switch_us, in force for a block: the GIL's switch interval
+    (how long a thread that wants the GIL, such as the training loop beside the loader's
+    threads, waits before it asks the holder to drop it), put back after. Unset: unchanged. A
+    bad value is a ValueError before anything changes."""
+    import torch_direct
+    value = torch_direct.experimental_setting("gil_switch_us")
+    if not value:
+        yield
+        return
     try:
-        record = _run(args, ctx, make_batches)
-    except BaseException as e:
-        instead = distributed.report_stop(ctx, e)
-        if instead is not None:
-            raise instead from e
-        raise
-    ctx.close()
-    return record
+        us = int(value)
+    except ValueError:
+        us = 0
+    if us < 1:
+        raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: gil_switch_us must be an integer >= 1, not {value!r}")
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(us / 1e6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def default_batches(args, ds, device, ctx, say):
