@@ -186,7 +186,12 @@ class TestTrainVariants(TestCase):
                               # a later variant's option that bench train refuses: no run starts
                               (["--out-dir", d, "--name", "x", "--variant", "a=", "--variant", "b=--cache-mb 8",
                                 "--", "--root", d, "--dataset", "tiny", "--device", "cpu", "--pipelines", "unified"],
-                               "--cache-mb caches rows in GPU memory")):
+                               "--cache-mb caches rows in GPU memory"),
+                              # and a later variant's experimental setting that train refuses
+                              (["--out-dir", d, "--name", "x", "--variant", "a=", "--variant", "b=",
+                                "--experimental", "b=gil_switch_us=0",
+                                "--", "--root", d, "--dataset", "tiny", "--device", "cpu", "--pipelines", "unified"],
+                               "gil_switch_us must be an integer >= 1")):
                 r = self.variants(*args)
                 self.assertEqual(r.returncode, 2, (args, r.stderr))
                 self.assertIn(msg, r.stderr)

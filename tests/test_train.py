@@ -297,7 +297,10 @@ class TestTrain(TestCase):
             self.assertFalse(os.path.exists(empty_root))  # nothing generated for a refused run
             # experimental settings, checked first too (driver pages need a GPU)
             refused = [({"feature_pages": "big"}, "feature_pages must be small, huge or driver, not 'big'"),
-                       ({"hybrid_split": "nearest"}, "hybrid_split must be index or address, not 'nearest'")]
+                       ({"hybrid_split": "nearest"}, "hybrid_split must be index or address, not 'nearest'"),
+                       ({"gil_switch_us": "0"}, "gil_switch_us must be an integer >= 1, not '0'"),
+                       ({"cpu_pool_nice": "25"}, "cpu_pool_nice must be an integer from 0 to 19, not '25'"),
+                       ({"cpu_pool_nice": "-1"}, "cpu_pool_nice must be an integer from 0 to 19, not '-1'")]
             if not torch_direct.cuda_available():
                 refused.append(({"feature_pages": "driver"}, "feature_pages=driver needs a CUDA GPU"))
             for settings, msg in refused:

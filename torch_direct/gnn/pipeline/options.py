@@ -208,6 +208,23 @@ def uses_gpu_sampler(args, cuda: bool) -> bool:
                                      and (args.pipeline != "cpu_centric" or args.graph == "gpu"))
 
 
+def experimental_int(name: str, lo: int, hi: int | None = None) -> int | None:
+    """The experimental setting ``name`` as an int in [lo, hi] (None when unset); a ValueError
+    naming the setting for any other value."""
+    import torch_direct
+    value = torch_direct.experimental_setting(name)
+    if not value:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = None
+    if n is None or n < lo or (hi is not None and n > hi):
+        want = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
+        raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: {name} must be {want}, not {value!r}")
+    return n
+
+
 def check_options(args, device) -> None:
     """Refuse, before any data is loaded, options that contradict each other or ``device``
     (one line each, naming the option)."""
@@ -217,6 +234,8 @@ def check_options(args, device) -> None:
     from .pages import feature_pages
     hybrid_split()            # refuses a setting that is not one of its splits
     pages = feature_pages()   # refuses a setting that is not one of its pages
+    experimental_int("gil_switch_us", 1)
+    experimental_int("cpu_pool_nice", 0, 19)   # read by the C++ pool at its first use: refused here first
     if pages == "driver" and (torch.device(device).type != "cuda" or not torch_direct.cuda_available()):
         raise ValueError("TORCH_DIRECT_EXPERIMENTAL: feature_pages=driver needs a CUDA GPU (the driver "
                          f"allocates and maps the table), and this run's device is {device}")

@@ -221,17 +221,11 @@ def gil_switch_interval():
     (how long a thread that wants the GIL, such as the training loop beside the loader's
     threads, waits before it asks the holder to drop it), put back after. Unset: unchanged. A
     bad value is a ValueError before anything changes."""
-    import torch_direct
-    value = torch_direct.experimental_setting("gil_switch_us")
-    if not value:
+    from .options import experimental_int
+    us = experimental_int("gil_switch_us", 1)
+    if us is None:
         yield
         return
-    try:
-        us = int(value)
-    except ValueError:
-        us = 0
-    if us < 1:
-        raise ValueError(f"TORCH_DIRECT_EXPERIMENTAL: gil_switch_us must be an integer >= 1, not {value!r}")
     before = sys.getswitchinterval()
     sys.setswitchinterval(us / 1e6)
     try:
