@@ -172,8 +172,10 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     sync(device)
     total = time.perf_counter() - t0
     delay1 = thread_run_delay()
+    run_delay = None if delay0 is None or delay1 is None else delay1 - delay0
     return {"total": total, "step": steps.total(), "step_host": steps.host_seconds.get("step", 0.0),
-            "step_cpu": cpu, "run_delay": None if delay0 is None or delay1 is None else delay1 - delay0, "loss": float(loss_sum), "correct": float(correct), "seen": float(seen)}
+            "step_cpu": cpu, "run_delay": run_delay, "loss": float(loss_sum), "correct": float(correct),
+            "seen": float(seen)}
 
 
 def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
@@ -297,7 +299,8 @@ def _run(args, ctx, make_batches) -> dict:
             if prof is not None:
                 say(f"wrote {prof.finish()} ({prof.steps} profiled steps of epoch 1)", flush=True)
             stats = train_loader.stats()
-            if ctx is not None:  # the job's figures: sums over ranks, the slowest rank's times
+            if ctx is not None:  # the job's figures: sums over ranks, the slowest rank's times (the
+                # run delay stays this rank's own)
                 ep["loss"], ep["correct"], ep["seen"] = ctx.all_sum([ep["loss"], ep["correct"], ep["seen"]])
                 ep["total"], ep["step"], ep["step_host"], ep["step_cpu"] = ctx.all_max(
                     [ep["total"], ep["step"], ep["step_host"], ep["step_cpu"]])
