@@ -144,6 +144,11 @@ class TestReorder(TestCase):
                 _sampler._relabel_csr(*args, inv, rowptr_new, torch.empty_like(g.col), None, None, 0, 30, 2)
             for a, k in zip(args, kept):
                 self.assertEqual(a, k)   # the inputs are untouched
+        # row starts out of order: a row would lie outside the entries, refused before it is read
+        shuffled = g.rowptr.clone()
+        shuffled[3], shuffled[4] = int(g.rowptr[-1]) + 5, -7
+        with self.assertRaisesRegex(RuntimeError, "outside"):
+            _sampler._relabel_csr(shuffled, g.col, perm, inv, rowptr_new, torch.empty_like(g.col), None, None, 0, 30, 2)
         with self.assertRaisesRegex(RuntimeError, "not within"):
             _sampler._relabel_csr(g.rowptr, g.col, perm, inv, rowptr_new, torch.empty_like(g.col), None, None, 0, 31, 2)
         with self.assertRaisesRegex(RuntimeError, "col_new"):

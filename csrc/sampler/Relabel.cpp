@@ -21,12 +21,13 @@ void check_cpu(const at::Tensor& t, const char* name, std::initializer_list<at::
 }
 
 // Rows [r0, r1). False (the rows from the first bad one on left unwritten) where a
-// node id is outside [0, n) or an old row's length differs from its new one's.
+// node id is outside [0, n), an old row's length differs from its new one's, or
+// a row lies outside the e entries (row starts out of order).
 // The rows are taken in blocks: first every old row start of a block (loads
 // that do not wait for each other), then the rows, the next rows' column ids
 // requested a few rows ahead, so that the reads of random rows overlap.
 template <typename col_t>
-bool relabel_rows(int64_t r0, int64_t r1, int64_t n, const int64_t* rowptr, const col_t* col, const int64_t* perm,
+bool relabel_rows(int64_t r0, int64_t r1, int64_t n, int64_t e, const int64_t* rowptr, const col_t* col, const int64_t* perm,
                   const col_t* inv, const int64_t* rowptr_new, col_t* col_new, const int64_t* eids,
                   int64_t* eids_new) {
   constexpr int64_t kBlock = 256;
@@ -40,7 +41,9 @@ bool relabel_rows(int64_t r0, int64_t r1, int64_t n, const int64_t* rowptr, cons
         return false;
       }
       src[i] = rowptr[old];
-      if (rowptr[old + 1] - src[i] != rowptr_new[b + i + 1] - rowptr_new[b + i]) {
+      const int64_t len = rowptr_new[b + i + 1] - rowptr_new[b + i];
+      if (rowptr[old + 1] - src[i] != len || len < 0 || src[i] < 0 || src[i] > e - len || rowptr_new[b + i] < 0 ||
+          rowptr_new[b + i] > e - len) {
         return false;
       }
     }
@@ -122,15 +125,15 @@ void relabel_csr(const at::Tensor& rowptr, const at::Tensor& col, const at::Tens
         const int64_t* last = rpn + row_end;
         const int64_t r0 = p == 0 ? row_begin : std::lower_bound(first, last, lo_edge) - rpn;
         const int64_t r1 = p + 1 == pieces ? row_end : std::lower_bound(first, last, hi_edge) - rpn;
-        if (!relabel_rows<index_t>(r0, std::max(r0, r1), n, rp, c, pm, iv, rpn, cn, eid, eid_new)) {
+        if (!relabel_rows<index_t>(r0, std::max(r0, r1), n, e, rp, c, pm, iv, rpn, cn, eid, eid_new)) {
           ok = false;
           return;
         }
       }
     });
   });
-  TORCH_CHECK(ok, "relabel_csr: a node id outside [0, ", n, ") in perm or col, or perm's rows do not have the "
-              "lengths rowptr_new gives them");
+  TORCH_CHECK(ok, "relabel_csr: a node id outside [0, ", n, ") in perm or col, perm's rows do not have the "
+              "lengths rowptr_new gives them, or a row lies outside the ", e, " entries");
 }
 
 } // namespace torch_direct::sampler
