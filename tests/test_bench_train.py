@@ -139,6 +139,10 @@ class TestBenchTrainCPU(_Tiny):
             self.assertLessEqual(r["train_step_cpu_s"], r["train_step_host_s"] * 1.05 + 0.05)
             self.assertIn(f"{name}: train step {r['train_step_s']:.3f} s; the loop's host side of it "
                           f"{r['train_step_host_s']:.3f} s wall, {r['train_step_cpu_s']:.3f} s CPU", self.out)
+            # the CPU the epoch used: the whole process's, and the loader threads' per role
+            self.assertGreater(r["process_cpu_s"], r["train_step_cpu_s"])
+            self.assertEqual(r["loader_threads"]["loader"]["threads"], 1)
+            self.assertIn(f"{name}: process CPU {r['process_cpu_s']:.3f} s in the epoch; ", self.out)
             # the whole run (loading, both epochs, evaluation) outlasts its epochs, and is printed
             self.assertGreater(r["run_s"], sum(r["epoch_times_s"]))
             self.assertIn(f"{name}: epoch {r['epoch_s']:.3f} s ({r['run_s']:.0f} s in all)", self.err)

@@ -1,6 +1,7 @@
 """Feature stores and the pipelined loader."""
 
 import gc
+import os
 import tempfile
 import threading
 import time
@@ -526,6 +527,13 @@ class TestPipelinedLoader(TestCase):
                 self.assertEqual(set(st["busy"]), {"sample", "gather", "transfer"})
                 self.assertGreater(st["busy"]["sample"], 0)
                 self.assertLessEqual(sum(st["exposed"].values()), st["wait"] + 1e-9)
+                # the loader's threads, per role: how many, their CPU time and their wait for a core
+                want = {} if prefetch == 0 else ({"sample": 1, "loader": 1} if ahead else {"loader": 1})
+                self.assertEqual({r: u["threads"] for r, u in st["threads"].items()}, want)
+                for role, use in st["threads"].items():
+                    self.assertGreater(use["cpu_s"], 0, msg=role)   # each sampled or gathered batches
+                    if os.path.exists("/proc/thread-self/schedstat"):
+                        self.assertGreaterEqual(use["run_delay_s"], 0.0)
 
     def test_same_batches_with_and_without_prefetch(self):
         def epoch(prefetch, ahead=False):
@@ -736,6 +744,7 @@ class TestPipelinedLoader(TestCase):
                     for _ in range(3):
                         for b in loader:
                             self.assertEqual(b.x, self.ds.x[b.n_id])
+                    self.assertEqual(loader.stats()["threads"]["loader"]["threads"], workers)   # one a gatherer
                 rates[workers] = (store.lookups, store.stats()["cache_hit_rate"])
             self.assertEqual(rates[1], rates[3], msg=mode)
             self.assertGreater(rates[1][1], 0.0)

@@ -66,3 +66,38 @@ def run_and_report(name: str, path, start: Callable[[], dict], print_table: Call
         except ValueError as e:     # nothing ran: no bar to draw
             print(f"{name}: no plot: {e}", file=sys.stderr)
     return 1 if any(r["status"] == "failed" for r in record["rows"]) else 0
+
+
+def median_or_none(values) -> float | None:
+    """The median of ``values``; None if there are none, or any is None (a figure the machine
+    did not give)."""
+    values = list(values)
+    return None if not values or any(v is None for v in values) else statistics.median(values)
+
+
+def thread_medians(epochs: list[dict]) -> dict:
+    """Per role of the loader's threads (each epoch's ``loader_threads``), the median over
+    ``epochs`` of each figure."""
+    roles = [r for r in (epochs[0] if epochs else {}) if all(r in e for e in epochs)]
+    return {r: {k: median_or_none(e[r][k] for e in epochs) for k in epochs[0][r]} for r in roles}
+
+
+def _secs(v) -> str:
+    return "?" if v is None else f"{v:.3f}"
+
+
+def print_host_side(rows: list[dict]) -> None:
+    """Under bench train's table, each run's CPU side: the training step's host time beside its
+    GPU time, the loop's wait for a core, the process's CPU seconds and the loader threads'."""
+    for r in rows:
+        if r["status"] != "ok" or "train_step_host_s" not in r:
+            continue
+        print(f"{r['pipeline']}: train step {r['train_step_s']:.3f} s; the loop's host side of it "
+              f"{r['train_step_host_s']:.3f} s wall, {r['train_step_cpu_s']:.3f} s CPU; the loop waited "
+              f"{_secs(r.get('loop_run_delay_s'))} s for a core in the epoch (host near the step: the host "
+              "paced it; wall above CPU: the loop waited, for the GIL or for a core)")
+        threads = "; ".join(f"{role} threads ({u['threads']}) {_secs(u['cpu_s'])} s CPU, "
+                            f"{_secs(u['run_delay_s'])} s waiting for a core"
+                            for role, u in (r.get("loader_threads") or {}).items())
+        print(f"{r['pipeline']}: process CPU {_secs(r.get('process_cpu_s'))} s in the epoch"
+              + (f"; {threads}" if threads else ""))

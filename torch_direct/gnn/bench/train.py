@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 from .ablation import epoch_seconds
-from .common import check_writable, default_out, machine_record, print_markdown, run_and_report, write_json
+from .common import (check_writable, default_out, machine_record, median_or_none, print_host_side, print_markdown,
+                     run_and_report, thread_medians, write_json)
 from .targets import add_targets
 from ..pipeline.options import check_machine, positive, resolve_device
 
@@ -151,8 +152,9 @@ def epoch_row(name: str, rec: dict, note: str) -> dict:
            "train_step_s": statistics.median(e["train_step_s"] for e in timed),
            "train_step_host_s": statistics.median(e["train_step_host_s"] for e in timed),
            "train_step_cpu_s": statistics.median(e["train_step_cpu_s"] for e in timed),
-           "loop_run_delay_s": (None if any(e["loop_run_delay_s"] is None for e in timed)
-                                else statistics.median(e["loop_run_delay_s"] for e in timed)),
+           "loop_run_delay_s": median_or_none(e["loop_run_delay_s"] for e in timed),
+           "process_cpu_s": median_or_none(e.get("process_cpu_s") for e in timed),
+           "loader_threads": thread_medians([e.get("loader_threads") or {} for e in timed]),
            "loader_wait_s": statistics.median(e["loader_wait_s"] for e in timed),
            "exposed_s": exposed, "busy_s": busy, "losses": [e["loss"] for e in epochs],
            "train_acc": [e["train_acc"] for e in epochs], "valid_acc": [e["valid_acc"] for e in epochs],
@@ -353,13 +355,7 @@ def print_table(record: dict) -> None:
                     "busy s sample/gather/transfer", "final loss", "test acc", "sampler (CSR on)", "note"], rows)
     print("(vs unified: unified's epoch time / the row's, above 1 = faster than unified; train step: the "
           "epoch's training steps; exposed: what the loop waited for each stage; busy: what each stage took)")
-    for r in record["rows"]:
-        if r["status"] == "ok" and "train_step_host_s" in r:
-            delay = r.get("loop_run_delay_s")
-            print(f"{r['pipeline']}: train step {r['train_step_s']:.3f} s; the loop's host side of it "
-                  f"{r['train_step_host_s']:.3f} s wall, {r['train_step_cpu_s']:.3f} s CPU; the loop waited "
-                  + ("?" if delay is None else f"{delay:.3f}") + " s for a core in the epoch (host near the "
-                  "step: the host paced it; wall above CPU: the loop waited, for the GIL or for a core)")
+    print_host_side(record["rows"])
     for r in record["rows"]:
         if "repeats" in r:
             print(f"{r['pipeline']}: {len(r['repeats']['epoch_s'])} runs, epoch s "

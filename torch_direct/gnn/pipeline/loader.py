@@ -63,18 +63,19 @@ def cuda_priority(name: str, what: str, cuda: bool) -> int:
 def _produce(stages: Stages, it, timer: Timer, q: queue.Queue, stop: threading.Event) -> None:
     """The producer thread's body. It holds no reference to the epoch or the loader, so
     dropping those (without close()) still stops it: a finalizer sets ``stop``."""
-    try:
-        if stages.cuda:
-            torch.cuda.set_device(stages.device)
-        while not stop.is_set():
-            item = next(it, None)
-            if item is None:
-                break
-            if not put(q, item, stop):
-                return
-        put(q, END, stop)
-    except BaseException as e:  # noqa: BLE001 - handed to the training loop
-        put(q, Failure(e), stop)
+    with timer.thread_use("loader"):
+        try:
+            if stages.cuda:
+                torch.cuda.set_device(stages.device)
+            while not stop.is_set():
+                item = next(it, None)
+                if item is None:
+                    break
+                if not put(q, item, stop):
+                    return
+            put(q, END, stop)
+        except BaseException as e:  # noqa: BLE001 - handed to the training loop
+            put(q, Failure(e), stop)
 
 
 class _Turns:
@@ -126,34 +127,35 @@ def _gather_in_turn(stages: Stages, turns: _Turns, stream, timer: Timer, q: queu
     """A gathering thread's body (``gather_workers`` > 1): take a gather's sampled batches,
     make them on ``stream`` while the other threads make theirs, and put them into the queue
     in the epoch's order. An error goes into the queue in its batch's turn."""
-    if stages.cuda:
-        torch.cuda.set_device(stages.device)
-    while not stop.is_set():
-        got = turns.take(stream)
-        if got is None:
-            return
-        n, sbs, err = got
-        items = []
-        if err is None and sbs:
+    with timer.thread_use("loader"):
+        if stages.cuda:
+            torch.cuda.set_device(stages.device)
+        while not stop.is_set():
+            got = turns.take(stream)
+            if got is None:
+                return
+            n, sbs, err = got
+            items = []
+            if err is None and sbs:
+                try:
+                    items = stages.make(sbs, timer, stream)
+                except BaseException as e:  # noqa: BLE001 - handed to the training loop
+                    err = e
+            if not turns.wait(n, stop):
+                return
             try:
-                items = stages.make(sbs, timer, stream)
-            except BaseException as e:  # noqa: BLE001 - handed to the training loop
-                err = e
-        if not turns.wait(n, stop):
-            return
-        try:
-            if err is not None:
-                turns.ended = True
-                put(q, Failure(err), stop)
-                return
-            if not sbs:
-                put(q, END, stop)
-                return
-            for item in items:
-                if not put(q, item, stop):
+                if err is not None:
+                    turns.ended = True
+                    put(q, Failure(err), stop)
                     return
-        finally:
-            turns.next()
+                if not sbs:
+                    put(q, END, stop)
+                    return
+                for item in items:
+                    if not put(q, item, stop):
+                        return
+            finally:
+                turns.next()
 
 
 class _Epoch:
@@ -366,16 +368,19 @@ class PipelinedLoader:
             ep.close()
             busy = ep.timer.totals()
             exposed = split_by_busy(ep.wait, busy)
-            self._last = {"batches": ep.batches, "wait": ep.wait, "busy": busy, "exposed": exposed}
+            self._last = {"batches": ep.batches, "wait": ep.wait, "busy": busy, "exposed": exposed,
+                          "threads": ep.timer.threads()}
             self._epoch = None
 
     def stats(self) -> dict:
         """Times of the last finished (or stopped) epoch: ``batches``, ``wait`` (seconds the
-        loop waited), ``busy`` and ``exposed`` (seconds per stage). Ends a running epoch."""
+        loop waited), ``busy`` and ``exposed`` (seconds per stage), ``threads`` (per role of
+        the loader's threads, ``sample`` and ``loader``: how many, their CPU seconds and their
+        wait for a core). Ends a running epoch."""
         self._finish_epoch()
         return dict(self._last) if self._last else {"batches": 0, "wait": 0.0,
                                                      "busy": dict.fromkeys(STAGES, 0.0),
-                                                     "exposed": dict.fromkeys(STAGES, 0.0)}
+                                                     "exposed": dict.fromkeys(STAGES, 0.0), "threads": {}}
 
     def close(self) -> None:
         """Stop a running epoch and join its thread."""

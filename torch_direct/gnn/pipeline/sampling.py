@@ -56,25 +56,26 @@ def timed_samples(it, timer: Timer, stream):
 def _sample_thread(stages: Stages, it, stream, timer: Timer, q: queue.Queue, stop: threading.Event) -> None:
     """A sampling thread's body: its share of the epoch's sampled batches, each with an event
     recorded on its stream after its work, into ``q``."""
-    try:
-        if stages.cuda:
-            torch.cuda.set_device(stages.device)
-        ctx = torch.cuda.stream(stream) if stages.cuda else nullcontext()
-        samples = timed_samples(it, timer, stream)
-        with ctx:
-            while not stop.is_set():
-                sb = next(samples, None)
-                if sb is None:
-                    break
-                event = None
-                if stages.cuda:
-                    event = torch.cuda.Event()
-                    event.record(stream)
-                if not put(q, (sb, event), stop):
-                    return
-        put(q, END, stop)
-    except BaseException as e:  # noqa: BLE001 - handed to the producer, then the training loop
-        put(q, Failure(e), stop)
+    with timer.thread_use("sample"):
+        try:
+            if stages.cuda:
+                torch.cuda.set_device(stages.device)
+            ctx = torch.cuda.stream(stream) if stages.cuda else nullcontext()
+            samples = timed_samples(it, timer, stream)
+            with ctx:
+                while not stop.is_set():
+                    sb = next(samples, None)
+                    if sb is None:
+                        break
+                    event = None
+                    if stages.cuda:
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                    if not put(q, (sb, event), stop):
+                        return
+            put(q, END, stop)
+        except BaseException as e:  # noqa: BLE001 - handed to the producer, then the training loop
+            put(q, Failure(e), stop)
 
 
 def _in_turn(queues: list, stages: Stages, stop: threading.Event):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ class Timer:
         self.host_seconds = dict.fromkeys(keys, 0.0)
         self.events: list = []
         self._lock = threading.Lock()   # several sampling threads stop sections of one key
+        self._threads: dict = {}
 
     def start(self, stream=None):
         ev = None
@@ -65,6 +67,30 @@ class Timer:
     def total(self) -> float:
         """Seconds over every key."""
         return sum(self.totals().values())
+
+    @contextmanager
+    def thread_use(self, role: str):
+        """Count the calling thread's CPU seconds and its wait for a core (run delay) over a
+        block, summed per ``role`` with the other threads of that role (``threads()``)."""
+        c0, d0 = time.thread_time(), thread_run_delay()
+        try:
+            yield
+        finally:
+            cpu, d1 = time.thread_time() - c0, thread_run_delay()
+            with self._lock:
+                use = self._threads.setdefault(role, {"threads": 0, "cpu_s": 0.0, "run_delay_s": 0.0})
+                use["threads"] += 1
+                use["cpu_s"] += cpu
+                if d0 is None or d1 is None or use["run_delay_s"] is None:
+                    use["run_delay_s"] = None
+                else:
+                    use["run_delay_s"] += d1 - d0
+
+    def threads(self) -> dict:
+        """Per role of the threads that ran under ``thread_use``: their number, CPU seconds and
+        seconds waiting for a core (None where the kernel does not say)."""
+        with self._lock:
+            return {k: dict(v) for k, v in self._threads.items()}
 
 
 def thread_run_delay() -> float | None:

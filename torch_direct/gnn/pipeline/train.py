@@ -144,7 +144,8 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     and this thread's CPU time there (on CUDA, a step whose host side takes about as long as
     its stream time was paced by the host: by launches, or by a thread that waited for the
     GIL or a core where the wall time exceeds the CPU time), the seconds this thread waited
-    for a core over the epoch (None where the kernel does not say), the summed loss and the
+    for a core over the epoch (None where the kernel does not say), the process's CPU seconds
+    over the epoch (every thread's, the loader's and the gathers' pools included), the summed loss and the
     correct and seen counts, as floats."""
     step_model.train()
     steps = Timer(device.type == "cuda")
@@ -154,6 +155,7 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     loss_sum = torch.zeros((), device=device)
     sync(device)
     delay0 = thread_run_delay()
+    p0 = time.process_time()
     t0 = time.perf_counter()
     with progress(len(loader), desc, show) as bar:
         for i, b in enumerate(loader):
@@ -171,10 +173,11 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
             bar.update(1)
     sync(device)
     total = time.perf_counter() - t0
+    process_cpu = time.process_time() - p0
     delay1 = thread_run_delay()
     run_delay = None if delay0 is None or delay1 is None else delay1 - delay0
     return {"total": total, "step": steps.total(), "step_host": steps.host_seconds.get("step", 0.0),
-            "step_cpu": cpu, "run_delay": run_delay, "loss": float(loss_sum), "correct": float(correct),
+            "step_cpu": cpu, "run_delay": run_delay, "process_cpu": process_cpu, "loss": float(loss_sum), "correct": float(correct),
             "seen": float(seen)}
 
 
@@ -185,12 +188,15 @@ def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
     training steps' host side: the loop's wall time inside the step calls
     (``train_step_host_s``) and its thread's CPU time there (``train_step_cpu_s``), and the
     seconds the loop's thread waited for a core in the epoch (``loop_run_delay_s``, None where
-    unknown)."""
+    unknown); the loader's threads' CPU seconds and wait for a core, per role
+    (``loader_threads``), and the whole process's CPU seconds in the epoch (``process_cpu_s``:
+    against the epoch's wall time times the cores, how busy the CPU was)."""
     total, step, seen = ep["total"], ep["step"], ep["seen"]
     exposed = split_by_busy(max(stats["wait"], total - step), stats["busy"])
     return {"epoch": epoch, "total_s": total, "train_step_s": step, "train_step_host_s": ep["step_host"],
             "train_step_cpu_s": ep["step_cpu"], "loop_run_delay_s": ep["run_delay"], "loader_wait_s": stats["wait"],
-            "exposed_s": exposed, "busy_s": stats["busy"], "batches": stats["batches"],
+            "exposed_s": exposed, "busy_s": stats["busy"], "loader_threads": stats.get("threads", {}),
+            "process_cpu_s": ep.get("process_cpu"), "batches": stats["batches"],
             "loss": ep["loss"] / seen if seen else float("nan"),
             "train_acc": ep["correct"] / seen if seen else float("nan"), "valid_acc": valid_acc}
 
