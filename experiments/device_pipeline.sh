@@ -206,7 +206,7 @@ papers_variants() {  # papers-variants (VARIANTS, VARIANT_SETTINGS; the header s
     --reorder "${REORDER:-frequency}" --pipelines unified --feature-dtype "${FEATURE_DTYPE:-stored}" \
     --cache-mb "${CACHE_MB:-13500}" --gather-cpu-threads "${GATHER_THREADS:-12}" > "$OUT/train_$name.log" 2>&1
   echo "train_variants $name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
-  grep -E "^variant |^\| unified|^unified: train step|s in all" "$OUT/train_$name.log"
+  grep -E "^variant |^\| unified|^unified: train step|^unified: process CPU|s in all" "$OUT/train_$name.log"
 }
 
 papers_graphed() {  # papers-graphed (its options in the environment, as the header says)
