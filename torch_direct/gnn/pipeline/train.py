@@ -43,7 +43,7 @@ from .graphed import GraphedStep, eager_step
 from .loader import cuda_priority
 from .models import GNN, make_optimizer, model_precision, use_pyg_for
 from .options import add_arguments, check_options, check_paths, resolve_device  # noqa: F401  (add_arguments: the command.s options)
-from .timing import StepProfiler, Timer, split_by_busy, sync, thread_run_delay
+from .timing import StepProfiler, Timer, split_by_busy, sync
 
 
 # While keep_reordered() is active: the last relabelled data set, under the key of what made it.
@@ -145,8 +145,8 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     its stream time was paced by the host: by launches, or by a thread that waited for the
     GIL or a core where the wall time exceeds the CPU time), the seconds this thread waited
     for a core over the epoch (None where the kernel does not say), the process's CPU seconds
-    over the epoch (every thread's, the loader's and the gathers' pools included), the summed loss and the
-    correct and seen counts, as floats."""
+    over the epoch (every thread's, the loader's and the gathers' pools included), the summed
+    loss and the correct and seen counts, as floats."""
     step_model.train()
     steps = Timer(device.type == "cuda")
     eager = lambda b: eager_step(step_model, opt, b)  # noqa: E731
@@ -154,10 +154,9 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     cpu = 0.0
     loss_sum = torch.zeros((), device=device)
     sync(device)
-    delay0 = thread_run_delay()
     p0 = time.process_time()
     t0 = time.perf_counter()
-    with progress(len(loader), desc, show) as bar:
+    with steps.thread_use("loop"), progress(len(loader), desc, show) as bar:
         for i, b in enumerate(loader):
             if profiler is not None:
                 profiler.step(i)
@@ -171,14 +170,12 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
             steps.stop("step", t)
             cpu += time.thread_time() - c0
             bar.update(1)
-    sync(device)
+        sync(device)
     total = time.perf_counter() - t0
     process_cpu = time.process_time() - p0
-    delay1 = thread_run_delay()
-    run_delay = None if delay0 is None or delay1 is None else delay1 - delay0
     return {"total": total, "step": steps.total(), "step_host": steps.host_seconds.get("step", 0.0),
-            "step_cpu": cpu, "run_delay": run_delay, "process_cpu": process_cpu, "loss": float(loss_sum), "correct": float(correct),
-            "seen": float(seen)}
+            "step_cpu": cpu, "run_delay": steps.threads()["loop"]["run_delay_s"], "process_cpu": process_cpu,
+            "loss": float(loss_sum), "correct": float(correct), "seen": float(seen)}
 
 
 def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
@@ -196,7 +193,7 @@ def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
     return {"epoch": epoch, "total_s": total, "train_step_s": step, "train_step_host_s": ep["step_host"],
             "train_step_cpu_s": ep["step_cpu"], "loop_run_delay_s": ep["run_delay"], "loader_wait_s": stats["wait"],
             "exposed_s": exposed, "busy_s": stats["busy"], "loader_threads": stats.get("threads", {}),
-            "process_cpu_s": ep.get("process_cpu"), "batches": stats["batches"],
+            "process_cpu_s": ep["process_cpu"], "batches": stats["batches"],
             "loss": ep["loss"] / seen if seen else float("nan"),
             "train_acc": ep["correct"] / seen if seen else float("nan"), "valid_acc": valid_acc}
 
