@@ -126,6 +126,18 @@ def _papers_h100(r):
             f"{x(e['epoch_s'] / g['epoch_s'], 2)}); test accuracy {accs}")
 
 
+PAPERS_VARIANTS = [f"train_papers100M-like_variants-74c6213_h100_fp8_{v}.json" for v in ("w1", "w2", "f66")]
+
+
+def _papers_variants(r):
+    (one, two, fused), accs = first_rows(r, PAPERS_VARIANTS)
+    g = r[PAPERS_H100["gpu_resident"]]["rows"][0]
+    reorders = " / ".join(s(row["reorder_s"], 1) for row in (one, two, fused))
+    return (f"{s(one['epoch_s'], 2)} / {s(two['epoch_s'], 2)} ({x(two['epoch_s'] / g['epoch_s'], 2)} the "
+            f"all-in-GPU epoch above) / {s(fused['epoch_s'], 2)}; reorder before training {reorders}; "
+            f"test accuracy {accs}")
+
+
 def _papers_host(r):
     row = r[PAPERS_HOST]["rows"][0]
     return f"{s(row['epoch_s'], 1)}; test accuracy {row['test_acc']:.4f}"
@@ -170,6 +182,12 @@ ROWS = [
      "unified float8 / all-in-GPU",
      list(PAPERS_H100.values()),
      _papers_h100),
+    ("papers100M-like on one **H100**, unified float8 as in the row above (6,990 MiB cached), each "
+     "variant in one process over one relabelled copy: one gathering thread with 12 CPU threads / two "
+     "gathering threads (`--gather-workers 2`), 6 CPU threads each / the one-pass cached gather on 66 "
+     "SMs (`--gather-sms 66`, one block a row), no CPU threads",
+     PAPERS_VARIANTS + [PAPERS_H100["gpu_resident"]],
+     _papers_variants),
 ]
 
 # Measured on the presets of generator version 1 (half of OGB's edges, labels every pipeline
