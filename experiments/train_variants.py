@@ -47,6 +47,16 @@ def settings_of(text: str, name: str) -> dict:
     return settings
 
 
+def release_gpu_cache() -> None:
+    """Give the blocks the caching allocator keeps from a variant back to the driver, so that
+    the next variant starts with the GPU memory a process of its own would have."""
+    import gc
+    import torch
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--" in argv:
@@ -98,6 +108,7 @@ def main(argv=None) -> None:
             write_json(path, record)
             bench_train.print_table(record)
             print(f"wrote {path}", flush=True)
+            release_gpu_cache()
 
 
 if __name__ == "__main__":

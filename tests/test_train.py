@@ -335,6 +335,25 @@ class TestTrain(TestCase):
                 self.assertRaisesRegex(ValueError, "keep it in host memory \\(--graph unified\\)"):
             batches.graph_to_gpu(self.ds.graph, torch.device("cuda", 0))
 
+    def test_graph_copy_counts_the_allocators_idle_blocks_as_free(self):
+        # An earlier run in the same process (experiments/train_variants.py) leaves blocks in
+        # torch's caching allocator that the driver reports as taken: they count as free, and
+        # blocks that tensors still use do not.
+        g, dev = self.ds.graph, torch.device("cuda", 0)
+        need = sum(t.nbytes for t in (g.rowptr, g.col, g.edge_ids) if t is not None)
+        with mock.patch("torch.cuda.mem_get_info", return_value=(need, 10 * need)), \
+                mock.patch("torch.cuda.memory_reserved", return_value=5 * need), \
+                mock.patch("torch.cuda.memory_allocated", return_value=2 * need):
+            self.assertEqual(batches.free_gpu_bytes(dev), 4 * need)
+            with mock.patch.object(type(g), "to", return_value="copied") as to:
+                self.assertEqual(batches.graph_to_gpu(g, dev), "copied")
+            to.assert_called_once_with(dev)
+        with mock.patch("torch.cuda.mem_get_info", return_value=(need, 10 * need)), \
+                mock.patch("torch.cuda.memory_reserved", return_value=5 * need), \
+                mock.patch("torch.cuda.memory_allocated", return_value=5 * need), \
+                self.assertRaisesRegex(ValueError, "has 0.00 GiB free|keep it in host memory"):
+            batches.graph_to_gpu(g, dev)
+
     def small_model(self, layers: int, store_kind: str):
         """A seeded built-in GraphSAGE of ``layers`` layers (eval mode) and a CPU feature store."""
         from torch_direct.gnn.pipeline import make_feature_store

@@ -23,12 +23,22 @@ import sys
 import torch
 
 
+def free_gpu_bytes(device) -> int:
+    """Bytes this process can still allocate on the GPU ``device``: what the driver reports
+    free, plus the blocks torch's caching allocator holds but no tensor uses (an earlier run
+    in the same process leaves them reserved; the driver counts them as taken)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free + max(idle, 0)
+
+
 def graph_to_gpu(graph, device):
     """``graph`` copied to the GPU ``device``, with a clear error, before any allocation, when
-    its arrays would leave less than a quarter of the free GPU memory for training."""
+    its arrays would leave less than a quarter of the free GPU memory for training (the
+    caching allocator's idle blocks count as free: :func:`free_gpu_bytes`)."""
     need = sum(t.numel() * t.element_size() for t in (graph.rowptr, graph.col, graph.edge_ids)
                if t is not None)
-    free, _ = torch.cuda.mem_get_info(device)
+    free = free_gpu_bytes(device)
     if need > 0.75 * free:
         raise ValueError(f"the graph's CSR takes {need / 2**30:.2f} GiB, {device} has {free / 2**30:.2f} GiB free: "
                          f"too little left to train beside a GPU copy; keep it in host memory (--graph unified)")
