@@ -183,7 +183,7 @@ ROWS = [
      list(PAPERS_H100.values()),
      _papers_h100),
     ("papers100M-like on one **H100**, unified float8 as in the row above (6,990 MiB cached), each "
-     "variant in one process over one relabelled copy: one gathering thread with 12 CPU threads / two "
+     "variant in a call of its own on one machine (each reordering the rows anew): one gathering thread with 12 CPU threads / two "
      "gathering threads (`--gather-workers 2`), 6 CPU threads each / the one-pass cached gather on 66 "
      "SMs (`--gather-sms 66`, one block a row), no CPU threads",
      PAPERS_VARIANTS + [PAPERS_H100["gpu_resident"]],
