@@ -198,5 +198,66 @@ class TestTrainVariants(TestCase):
             self.assertEqual(list(Path(d).iterdir()), [])   # nothing written for a refused command
 
 
+class TestTraceOverlap(TestCase):
+    """The step's span, busy time, gaps and overlap on a small trace whose figures are known."""
+
+    @staticmethod
+    def trace(kernels, marks=((0, 100), (200, 300))):
+        ev = [{"ph": "X", "cat": "user_annotation", "name": "train_step", "pid": 1, "tid": 1, "ts": a, "dur": b - a}
+              for a, b in marks]
+        for corr, tid, launch, cat, name, stream, ts, dur in kernels:
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid,
+                       "ts": launch, "dur": 1, "args": {"correlation": corr}})
+            ev.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+                       "args": {"correlation": corr, "stream": stream}})
+        return {"traceEvents": ev}
+
+    def run_tool(self, d, doc, *extra):
+        path = Path(d) / "t.json"
+        path.write_text(json.dumps(doc))
+        return subprocess.run([sys.executable, str(REPO / "experiments" / "trace_overlap.py"), str(path), *extra],
+                              capture_output=True, text=True, timeout=120, cwd=REPO)
+
+    def test_figures(self):
+        doc = self.trace([
+            (1, 1, 10, "kernel", "gemm", 7, 20, 30),         # step 1: two kernels, a 10 us gap between
+            (2, 1, 50, "kernel", "gemm", 7, 60, 20),
+            (3, 1, 210, "kernel", "relu", 7, 220, 10),       # step 2: a graph's two kernels, one launch
+            (3, 1, 210, "kernel", "gemm", 7, 240, 30),
+            (9, 2, 5, "kernel", "sample", 13, 30, 40),       # the loader's, another thread: 30 us beside the step
+            (10, 1, 150, "gpu_memcpy", "Memcpy HtoD", 13, 230, 20)])  # launched between steps: 10 us beside
+        other = self.trace([(1, 1, 10, "kernel", "gemm", 7, 20, 20)], marks=((0, 100),))
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "o.json").write_text(json.dumps(other))
+            r = self.run_tool(d, doc, "--compare", str(Path(d) / "o.json"), "--json", str(Path(d) / "r.json"))
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            rec = json.loads((Path(d) / "r.json").read_text())
+        self.assertEqual((rec["steps"], rec["step_streams"]), (2, [7]))
+        self.assertAlmostEqual(rec["step_span_ms"], 0.110)
+        self.assertAlmostEqual(rec["step_busy_ms"], 0.090)
+        self.assertAlmostEqual(rec["step_gaps_ms"], 0.020)
+        self.assertAlmostEqual(rec["step_busy_beside_other_ms"], 0.040)
+        self.assertEqual([(b["name"], round(b["ms"] * 1e3)) for b in rec["beside_step_ms"]],
+                         [("sample", 30), ("Memcpy HtoD", 10)])
+        gemm, relu = rec["step_kernels"]
+        self.assertEqual((gemm["name"], gemm["count"], relu["name"], relu["count"]), ("gemm", 3, "relu", 1))
+        self.assertAlmostEqual(gemm["stretch"], 80 / 3 / 20)
+        self.assertIsNone(relu["stretch"])
+        self.assertIn("(not in the other)", r.stdout)
+
+    def test_clear_errors(self):
+        with tempfile.TemporaryDirectory() as d:
+            r = self.run_tool(d, self.trace([], marks=()))
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("no train_step ranges", r.stderr)
+            r = self.run_tool(d, self.trace([(9, 2, 5, "kernel", "sample", 13, 30, 40)]))
+            self.assertIn("no device work launched in them", r.stderr)
+            path = Path(d) / "bad.json"
+            path.write_text("{")
+            r = subprocess.run([sys.executable, str(REPO / "experiments" / "trace_overlap.py"), str(path)],
+                               capture_output=True, text=True, timeout=120, cwd=REPO)
+            self.assertIn("is not a Chrome trace", r.stderr)
+
+
 if __name__ == "__main__":
     run_tests()

@@ -18,6 +18,7 @@ from common import requires_gpu
 from torch_direct.__main__ import main
 from torch_direct.gnn.graph import load_dataset
 from torch_direct.gnn.pipeline import batches, evaluation, models, train
+from torch_direct.gnn.pipeline.timing import STEP_MARK
 
 try:
     import torch_geometric  # noqa: F401
@@ -155,6 +156,8 @@ class TestTrain(TestCase):
         events = json.load(open(trace))
         events = events["traceEvents"] if isinstance(events, dict) else events
         self.assertTrue(any(str(e.get("name", "")).startswith("aten::") for e in events))
+        # each profiled step's call is marked, so a trace tells the step's work from the loader's
+        self.assertEqual(sum(e.get("name") == STEP_MARK for e in events), 20)
         short = os.path.join(self.root, "prof", "short.txt")   # too few steps to reach step 10
         self.quiet_run("--epochs", "1", "--device", "cpu", "--profile", short)
         self.assertIn("no step profiled", open(short).read())

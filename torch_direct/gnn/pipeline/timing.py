@@ -117,9 +117,14 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+STEP_MARK = "train_step"   # the record_function range around each profiled step's call
+
+
 class StepProfiler:
     """torch.profiler over training steps [first, first + count) of an epoch; ``finish`` writes
-    the top operators (a .txt table) or a Chrome trace (.json) to ``path``."""
+    the top operators (a .txt table) or a Chrome trace (.json) to ``path``. While it runs, the
+    loop marks each step's call with a ``STEP_MARK`` range, so a trace tells the step's own
+    kernels and copies from the loader's (experiments/trace_overlap.py reads them)."""
 
     def __init__(self, path, device, first: int = 10, count: int = 20):
         self.path, self.first, self.count = Path(path), first, count

@@ -43,7 +43,7 @@ from .graphed import GraphedStep, eager_step
 from .loader import cuda_priority
 from .models import GNN, make_optimizer, model_precision, use_pyg_for
 from .options import add_arguments, check_options, check_paths, resolve_device  # noqa: F401  (add_arguments: the command.s options)
-from .timing import StepProfiler, Timer, split_by_busy, sync
+from .timing import STEP_MARK, StepProfiler, Timer, split_by_busy, sync
 
 
 # While keep_reordered() is active: the last relabelled data set, under the key of what made it.
@@ -162,7 +162,11 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
                 profiler.step(i)
             t = steps.start()
             c0 = time.thread_time()
-            loss, out = (step or eager)(b)
+            if profiler is not None and profiler.running:  # the trace marks each step's own work
+                with torch.profiler.record_function(STEP_MARK):
+                    loss, out = (step or eager)(b)
+            else:
+                loss, out = (step or eager)(b)
             loss_sum += loss.detach() * b.batch_size
             # On the device: a host wait here would hold the next step back.
             correct += correct_count(out, b.y)

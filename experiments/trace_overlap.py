@@ -1,0 +1,206 @@
+"""What a training step's GPU time is made of, from a Chrome trace of `train --profile PATH.json`.
+
+The loop marks each profiled step's call with a ``train_step`` range (torch_direct's STEP_MARK).
+The kernels and copies launched inside those ranges (a CUDA graph's replay included: its kernels
+carry the launch's correlation id) are the step's own work; every other device event is the
+loader's (sampling, gathering, copies). For the profiled steps this prints:
+
+- the step's device span (first start to last end of its work, step by step) against its busy
+  time (the union of its kernels and copies): the gaps are where its stream waited, for an event
+  of another stream or for the host to launch;
+- how much of its busy time ran beside other work, and which of the loader's kernels ran there;
+- its kernels by total time, and with ``--compare OTHER.json`` (a trace of another pipeline, e.g.
+  gpu_resident's) each kernel's mean time in both: a ratio above 1 is a kernel stretched by what
+  shares the GPU with it.
+
+    python experiments/trace_overlap.py unified.json --compare gpu_resident.json --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+MARK = "train_step"
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def load(path: Path) -> list:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"trace_overlap: no trace at {path}")
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"trace_overlap: {path} is not a Chrome trace (JSON: {e})")
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise SystemExit(f"trace_overlap: {path} has no traceEvents list")
+    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+
+
+def merge(intervals):
+    """The union of (start, end) intervals, sorted and disjoint."""
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def covered(merged, starts, s, e) -> float:
+    """How much of [s, e) the sorted disjoint ``merged`` intervals (``starts``: their starts) cover."""
+    i = max(bisect.bisect_right(starts, s) - 1, 0)
+    total = 0.0
+    while i < len(merged) and merged[i][0] < e:
+        total += max(0.0, min(e, merged[i][1]) - max(s, merged[i][0]))
+        i += 1
+    return total
+
+
+def split(events):
+    """(step work, other device work, step ranges): device events split by whether their launch
+    ran inside a ``train_step`` range of the same host thread."""
+    marks = defaultdict(list)
+    for e in events:
+        if e.get("name") == MARK and e.get("cat") in ("user_annotation", "cpu_op"):
+            marks[(e.get("pid"), e.get("tid"))].append((e["ts"], e["ts"] + e.get("dur", 0)))
+    for v in marks.values():
+        v.sort()
+    in_step = {}
+    for e in events:
+        corr = (e.get("args") or {}).get("correlation")
+        if corr is None or e.get("cat") not in ("cuda_runtime", "cuda_driver"):
+            continue
+        ranges = marks.get((e.get("pid"), e.get("tid")), [])
+        i = bisect.bisect_right(ranges, (e["ts"], float("inf"))) - 1
+        if i >= 0 and ranges[i][0] <= e["ts"] <= ranges[i][1]:
+            in_step[corr] = i
+    step, other = [], []
+    for e in events:
+        if e.get("cat") not in DEVICE_CATS:
+            continue
+        corr = (e.get("args") or {}).get("correlation")
+        (step if corr in in_step else other).append((e, in_step.get(corr)))
+    return step, [e for e, _ in other], sum(len(v) for v in marks.values())
+
+
+def short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def kernel_means(work) -> dict:
+    acc = defaultdict(lambda: [0, 0.0])
+    for e in work:
+        if e.get("cat") == "kernel":
+            acc[e["name"]][0] += 1
+            acc[e["name"]][1] += e.get("dur", 0)
+    return acc
+
+
+def analyse(events, top: int = 12) -> dict:
+    step, other, n_marks = split(events)
+    if n_marks == 0:
+        raise SystemExit("trace_overlap: the trace has no train_step ranges (profile with `train --profile "
+                         "PATH.json`, which marks each profiled step)")
+    if not step:
+        raise SystemExit(f"trace_overlap: {n_marks} train_step ranges but no device work launched in them "
+                         "(a CPU run's trace has none: profile on a GPU)")
+    by_step = defaultdict(list)
+    for e, i in step:
+        by_step[i].append((e["ts"], e["ts"] + e.get("dur", 0)))
+    span = sum(max(b for _, b in iv) - min(a for a, _ in iv) for iv in by_step.values())
+    step_union = merge(iv for ivs in by_step.values() for iv in ivs)
+    busy = sum(b - a for a, b in step_union)
+    other_union = merge((e["ts"], e["ts"] + e.get("dur", 0)) for e in other)
+    other_starts, step_starts = [m[0] for m in other_union], [m[0] for m in step_union]
+    shared = sum(covered(other_union, other_starts, a, b) for a, b in step_union)
+    beside = defaultdict(float)     # the loader's kernels by the time they ran beside the step's work
+    for e in other:
+        t = covered(step_union, step_starts, e["ts"], e["ts"] + e.get("dur", 0))
+        if t > 0:
+            beside[(e.get("cat"), e["name"])] += t
+    streams = defaultdict(float)
+    for e in other:
+        streams[(e.get("args") or {}).get("stream")] += e.get("dur", 0)
+    means = kernel_means(e for e, _ in step)
+    return {
+        "steps": len(by_step), "step_streams": sorted({(e.get("args") or {}).get("stream") for e, _ in step}, key=str),
+        "step_span_ms": span / 1e3, "step_busy_ms": busy / 1e3, "step_gaps_ms": (span - busy) / 1e3,
+        "step_busy_beside_other_ms": shared / 1e3,
+        "other_busy_ms_by_stream": {str(k): v / 1e3 for k, v in sorted(streams.items(), key=lambda kv: -kv[1])},
+        "beside_step_ms": [{"cat": c, "name": n, "ms": t / 1e3}
+                           for (c, n), t in sorted(beside.items(), key=lambda kv: -kv[1])[:top]],
+        "step_kernels": [{"name": n, "count": c, "total_ms": t / 1e3, "mean_us": t / c}
+                         for n, (c, t) in sorted(means.items(), key=lambda kv: -kv[1][1])],
+    }
+
+
+def compare(rec: dict, other_events) -> None:
+    """Each step kernel's mean time in the other trace beside this one's."""
+    step, _, _ = split(other_events)
+    means = kernel_means(e for e, _ in step)
+    rec["compare_steps"] = len({i for _, i in step})
+    for k in rec["step_kernels"]:
+        c, t = means.get(k["name"], (0, 0.0))
+        k["other_mean_us"] = t / c if c else None
+        k["stretch"] = k["mean_us"] / k["other_mean_us"] if c and t > 0 else None
+
+
+def report(rec: dict, top: int) -> str:
+    n = rec["steps"]
+    lines = [f"{n} profiled steps on stream(s) {rec['step_streams']}",
+             f"  device span {rec['step_span_ms']:.2f} ms ({rec['step_span_ms'] / n:.3f} ms a step): "
+             f"busy {rec['step_busy_ms']:.2f} ms, gaps {rec['step_gaps_ms']:.2f} ms",
+             f"  busy beside the loader's work: {rec['step_busy_beside_other_ms']:.2f} ms "
+             f"({100 * rec['step_busy_beside_other_ms'] / max(rec['step_busy_ms'], 1e-9):.0f}%)",
+             "  the loader's device time by stream (ms): " +
+             ", ".join(f"{s}: {t:.2f}" for s, t in rec["other_busy_ms_by_stream"].items()),
+             "the loader's work beside the step's (ms, name):"]
+    lines += [f"  {b['ms']:9.3f}  {b['cat']:10s} {short(b['name'])}" for b in rec["beside_step_ms"]]
+    cmp = "compare_steps" in rec
+    lines.append("the step's kernels (total ms, count, mean us" + (", other trace's mean us, stretch)" if cmp else ")"))
+    for k in rec["step_kernels"][:top]:
+        extra = ""
+        if cmp:
+            extra = (f"  {k['other_mean_us']:9.1f}  {k['stretch']:5.2f}x" if k["stretch"] else "  (not in the other)")
+        lines.append(f"  {k['total_ms']:9.3f} {k['count']:6d} {k['mean_us']:9.1f}{extra}  {short(k['name'], 70)}")
+    if cmp:
+        both = [k for k in rec["step_kernels"] if k["stretch"]]
+        here = sum(k["total_ms"] for k in both)
+        there = sum(k["other_mean_us"] * k["count"] for k in both) / 1e3
+        rec["matched_kernel_ms"], rec["matched_kernel_ms_other"] = here, there
+        lines.append(f"kernels in both traces: {here:.2f} ms here against {there:.2f} ms at the other's means "
+                     f"({here / there:.2f}x)" if there else "no kernel is in both traces")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="The trace comes from `python -m torch_direct train ... --profile PATH.json`.")
+    p.add_argument("trace", type=Path, help="a Chrome trace (.json) written by train --profile")
+    p.add_argument("--compare", type=Path, default=None, help="a second trace: each step kernel's mean time there")
+    p.add_argument("--top", type=int, default=12, help="rows in each list (default 12)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
+    a = p.parse_args(argv)
+    if a.top < 1:
+        p.error(f"--top must be at least 1, got {a.top}")
+    rec = analyse(load(a.trace), a.top)
+    rec["trace"] = str(a.trace)
+    if a.compare is not None:
+        compare(rec, load(a.compare))
+        rec["compare"] = str(a.compare)
+    print(report(rec, a.top))
+    if a.json is not None:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(rec, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
