@@ -2,7 +2,7 @@
 # Run on the GPU machine (device tool) after experiments/device_suite.sh has built the
 # extension: the end-to-end pipeline figures, in one call.
 #
-#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-driver-pages|papers-reorder|papers-variants|papers-fused-sms|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|papers-host|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
+#   bash experiments/device_pipeline.sh [products|products-pyg|products-overlap|products-target|products-cached-gather|papers-cached-gather|papers-driver-pages|papers-reorder|papers-variants|papers-trace|papers-fused-sms|cached-gather-probe|papers-graphed-buffers|papers-step-priority|step-profile|products-ablation|papers|papers-host|scaling|papers-levers|papers-hybrid|papers-data|papers-gpu-resident|papers-all|papers-all-ahead|papers-graphed|papers-graphed-levers|floor-probe|unified-probe|products-cache|papers-cache|profile|gather-probes|gather-kernels|gather-shapes|hugepages|pyg-wheels|all]   (default: all = products)
 #
 # - pyg-wheels: torch-scatter and torch-sparse (CPU-only: PyG's NeighborLoader
 #   samples on the CPU; they go to /tmp/site/pyg, on the path of the benchmark
@@ -73,6 +73,10 @@
 #   `--graph gpu` run first, in the same call; LEVERS_NO_CACHE_ALONE=1: without the cache-only run).
 # - papers-hybrid: papers100M-like, CSR on the GPU: gpu_resident (the floor without host reads), then
 #   unified with the hybrid gather on 8 and 12 CPU threads (HYBRID_THREADS), then 12 with --sample-ahead.
+# - papers-trace: a Chrome trace of 20 training steps (`train --profile`) of papers100M-like's
+#   unified run (the papers-variants options, FEATURE_DTYPE, CACHE_MB, and TRACE_OPTIONS, default
+#   `--gather-cpu-threads 12`) and of gpu_resident's (FEATURE_DTYPE, no reorder), then
+#   experiments/trace_overlap.py on them: the step's gaps, what ran beside it, each kernel's stretch.
 # - papers-data: papers100M-like generated (up to 400 s: in a call of its own, before the
 #   papers-* steps, which otherwise generate it first on a fresh machine).
 # - papers-all: papers100M-like, CSR on the GPU, every locality lever at once (`--reorder degree
@@ -404,6 +408,24 @@ case "$what" in
         GRAPH_BUFFERS=${GRAPH_BUFFERS:-2} AHEAD=${AHEAD:-2} bash "$0" papers-graphed
     done ;;
   papers-variants) papers_variants ;;
+  papers-trace)  # where the unified step's GPU time goes (the header says)
+    papers_data_once
+    common="--root $DATA --dataset papers100M-like --epochs 1 --graph gpu --cuda-graph 2 --sample-ahead 2 --layers builtin
+      --precision bf16 --test-nodes 1000 --no-progress --feature-dtype ${FEATURE_DTYPE:-stored}"
+    # shellcheck disable=SC2086  # word splitting of the option lists is meant
+    timeout "${RUN_LIMIT:-200}" python3 -m torch_direct train $common --pipeline unified --reorder "${REORDER:-frequency}" \
+      --cache-mb "${CACHE_MB:-13500}" ${TRACE_OPTIONS:---gather-cpu-threads 12} --profile "$OUT/trace_unified.json" \
+      > "$OUT/trace_unified.log" 2>&1
+    echo "papers-trace unified: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; grep -E "^epoch|wrote" "$OUT/trace_unified.log"
+    # shellcheck disable=SC2086
+    timeout 150 python3 -m torch_direct train $common --pipeline gpu_resident --profile "$OUT/trace_gpu_resident.json" \
+      > "$OUT/trace_gpu_resident.log" 2>&1
+    echo "papers-trace gpu_resident: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; grep -E "^epoch|wrote" "$OUT/trace_gpu_resident.log"
+    python3 experiments/trace_overlap.py "$OUT/trace_unified.json" --compare "$OUT/trace_gpu_resident.json" \
+      --json "$OUT/trace_overlap_papers100M-like_unified.json" | tee "$OUT/trace_overlap_unified.txt"
+    python3 experiments/trace_overlap.py "$OUT/trace_gpu_resident.json" --top 6 \
+      --json "$OUT/trace_overlap_papers100M-like_gpu_resident.json" | tee "$OUT/trace_overlap_gpu_resident.txt"
+    gzip -f "$OUT"/trace_unified.json "$OUT"/trace_gpu_resident.json ;;
   papers-fused-sms)  # papers-cached-gather's fused run with the gather capped to each of GATHER_SMS_LIST
     # SMs (default "66 33"), one block a row under the cap (gather_kernel=rowblock), so that the
     # sampling threads' and the step's kernels keep the other SMs
