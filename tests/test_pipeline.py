@@ -283,6 +283,26 @@ class TestFeatureStores(TestCase):
             with self.assertRaisesRegex(ValueError, "hybrid_split must be index or address, not 'nearest'"):
                 make_feature_store("unified", self.x, "cpu")
 
+    def test_hybrid_cpu_share(self):
+        # a fixed CPU share of each hybrid gather's rows (GPU only): kept by the store, the same
+        # rows on the CPU, and a share outside [0, 1] or for another store refused
+        store = make_feature_store("unified", self.x, "cpu", cpu_threads=2, cpu_share=1)
+        self.assertEqual(store.cpu_share, 1.0)
+        self.assertEqual(store.gather(self.idx), self.x[self.idx])
+        self.assertIsNone(make_feature_store("unified", self.x, "cpu").cpu_share)
+        for bad in (1.5, -0.1, float("nan"), "half", True):
+            with self.assertRaisesRegex(ValueError, "cpu_share must be a number from 0 to 1 or None"):
+                make_feature_store("unified", self.x, "cpu", cpu_share=bad)
+        with self.assertRaisesRegex(ValueError, "cpu_share applies to the 'unified' store only"):
+            make_feature_store("gpu_resident", self.x, "cpu", cpu_share=0.0)
+
+    @unittest.skipUnless(HAS_GPU, "the hybrid gather's CPU share applies to a GPU gather")
+    def test_hybrid_cpu_share_on_the_gpu(self):
+        for share in (0.0, 0.5, 1.0):
+            store = make_feature_store("unified", self.x, "cuda", cpu_threads=2, cpu_share=share)
+            self.assertEqual(store.stats()["cpu_share"], share)
+            self.assertEqual(store.gather(self.idx.cuda()).cpu(), self.x[self.idx])
+
     @unittest.skipIf(HAS_GPU, "checks the CPU-only message")
     def test_cuda_device_without_gpu(self):
         with self.assertRaisesRegex(RuntimeError, "no usable CUDA GPU"):

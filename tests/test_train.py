@@ -251,10 +251,11 @@ class TestTrain(TestCase):
             main(["train", "--help"])
         self.assertEqual(cm.exception.code, 0)
         for opt in ("--pipeline", "--fanouts", "--model", "--json", "--plot", "--device", "--cache-mb", "--prefetch",
-                    "--graph", "--gather-sms", "--gather-cpu-threads", "--feature-dtype"):
+                    "--graph", "--gather-sms", "--gather-cpu-threads", "--gather-cpu-share", "--feature-dtype"):
             self.assertIn(opt, out.getvalue())
         for bad in (["--fanouts", "15,x"], ["--fanouts", "0"], ["--epochs", "0"], ["--model", "gcn"],
-                    ["--pipeline", "nvme"], ["--batch-size", "-3"]):
+                    ["--pipeline", "nvme"], ["--batch-size", "-3"], ["--gather-cpu-share", "1.5"],
+                    ["--gather-cpu-share", "nan"], ["--gather-cpu-share", "all"]):
             with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as cm:
                 main(["train", *bad])
             self.assertEqual(cm.exception.code, 2, msg=str(bad))
@@ -263,6 +264,8 @@ class TestTrain(TestCase):
                          (["--device", "tpu"], "not a device"),
                          (["--cache-mb", "8", "--pipeline", "gpu_resident"], "whole table is in GPU memory"),
                          (["--gather-sms", "8", "--pipeline", "gpu_resident"], "--gather-sms applies to --pipeline unified only"),
+                         (["--gather-cpu-share", "0.5"], "--gather-cpu-share 0.5 sets the share of the hybrid "
+                                                         "gather's CPU threads: give --gather-cpu-threads too"),
                          (["--gather-cpu-threads", "2", "--pipeline", "cpu_centric"],
                           "--gather-cpu-threads applies to --pipeline unified only"),
                          (["--graph", "gpu", "--device", "cpu"], "--graph gpu needs a CUDA device"),

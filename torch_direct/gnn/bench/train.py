@@ -184,6 +184,7 @@ def pipeline_args(name: str, args, device):
         notes.append(f"all SMs: --gather-sms applies to unified, not {name}")
     if args.gather_cpu_threads and name != "unified":
         a.gather_cpu_threads = 0
+        a.gather_cpu_share = None
         notes.append(f"GPU-centric: --gather-cpu-threads applies to unified, not {name}")
     if args.graph == "gpu" and name in ("cpu_centric", "pyg"):
         a.graph = "unified"   # both sample on the CPU, from the CSR in host memory, by definition

@@ -133,7 +133,8 @@ class PipelinedBatches:
                                                 if args.cache_mb else None),
                                         pin_inplace=ctx is not None,
                                         max_sms=args.gather_sms if cuda and args.gather_sms else None,
-                                        cpu_threads=args.gather_cpu_threads if cuda else 0)
+                                        cpu_threads=args.gather_cpu_threads if cuda else 0,
+                                        cpu_share=getattr(args, "gather_cpu_share", None) if cuda else None)
         labels = ds.y.to(device) if cuda else ds.y
         shard = None if ctx is None else (ctx.rank, ctx.world)
         # Sampling streams differ per rank (seed + rank * 7919); the seed permutation does not.

@@ -188,7 +188,8 @@ class UnifiedFeatureStore(FeatureStore):
     so that a training step queued beside a gather is not left waiting for it.
     ``cpu_threads`` (GPU device only; 0: off) makes each gather hybrid: that many CPU threads
     gather a share of the rows into pinned memory, copied to the GPU while the kernel reads
-    the rest (``torch_direct.gather(..., cpu_threads=)``, its share chosen from measured rates).
+    the rest (``torch_direct.gather(..., cpu_threads=)``, its share chosen from measured rates,
+    or ``cpu_share`` of the rows when given: 1 leaves the GPU no read of host memory).
     Rows are then gathered in the table's dtype (a float8 table's as bytes) and cast (and
     scaled) on the GPU, so that the CPU share moves the table's bytes, not the wider output's.
     """
@@ -196,12 +197,16 @@ class UnifiedFeatureStore(FeatureStore):
     kind = "unified"
 
     def __init__(self, x, device, dtype=None, *, scale=None, pin_inplace: bool = False,
-                 max_sms: int | None = None, cpu_threads: int = 0):
+                 max_sms: int | None = None, cpu_threads: int = 0, cpu_share: float | None = None):
         super().__init__(x, device, dtype, scale)
         if max_sms is not None and (isinstance(max_sms, bool) or not isinstance(max_sms, int) or max_sms <= 0):
             raise ValueError(f"UnifiedFeatureStore: max_sms must be a positive int or None, got {max_sms!r}")
         if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 0:
             raise ValueError(f"UnifiedFeatureStore: cpu_threads must be an int >= 0, got {cpu_threads!r}")
+        if cpu_share is not None and (isinstance(cpu_share, bool) or not isinstance(cpu_share, (int, float))
+                                      or not 0.0 <= cpu_share <= 1.0):
+            raise ValueError(f"UnifiedFeatureStore: cpu_share must be a number from 0 to 1 or None, got {cpu_share!r}")
+        self.cpu_share = None if cpu_share is None else float(cpu_share)
         self.max_sms = max_sms
         self.cpu_threads = cpu_threads if self.device.type == "cuda" else 0  # the CPU path has no GPU share
         self.hybrid_split = hybrid_split()
@@ -243,7 +248,8 @@ class UnifiedFeatureStore(FeatureStore):
             read, order = torch.sort(flat, descending=True)   # the batch's row i is read's order^-1[i]
         else:
             read, order = flat, None
-        got = torch_direct.gather(table, read, max_sms=self.max_sms, cpu_threads=self.cpu_threads)
+        got = torch_direct.gather(table, read, max_sms=self.max_sms, cpu_threads=self.cpu_threads,
+                                  cpu_fraction=self.cpu_share)
         if scale is not None:
             got = got.view(self.table.dtype)
         if scale is None and got.dtype == self.dtype:
@@ -266,6 +272,8 @@ class UnifiedFeatureStore(FeatureStore):
             s["max_sms"] = self.max_sms
         if self.cpu_threads:
             s["cpu_threads"] = self.cpu_threads
+            if self.cpu_share is not None:
+                s["cpu_share"] = self.cpu_share
         return s
 
 
@@ -323,7 +331,7 @@ class GPUResidentFeatureStore(FeatureStore):
 
 def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, scale=None, cache_bytes: int = 0,
                        degree=None, pin_inplace: bool = False, max_sms: int | None = None,
-                       cpu_threads: int = 0) -> FeatureStore:
+                       cpu_threads: int = 0, cpu_share: float | None = None) -> FeatureStore:
     """A store of ``kind`` (one of :data:`KINDS`) over ``x``, serving ``device``
     (``pin_inplace``: the unified store maps ``x``'s own pages instead of copying them).
     ``scale``: ``x`` is a float8_e4m3fn table and these its float32 row scales
@@ -341,10 +349,10 @@ def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, scale=
     check_scale(x, scale, dtype, "make_feature_store")
     if kind == "unified":
         store = UnifiedFeatureStore(x, device, dtype, scale=scale, pin_inplace=pin_inplace, max_sms=max_sms,
-                                    cpu_threads=cpu_threads)
+                                    cpu_threads=cpu_threads, cpu_share=cpu_share)
     else:
-        for name, value in (("max_sms", max_sms), ("cpu_threads", cpu_threads)):
-            if value:
+        for name, value in (("max_sms", max_sms), ("cpu_threads", cpu_threads), ("cpu_share", cpu_share)):
+            if value or (name == "cpu_share" and value is not None):
                 raise ValueError(f"{name} applies to the 'unified' store only, not {kind!r}")
         store = (CPUCentricFeatureStore if kind == "cpu_centric" else GPUResidentFeatureStore)(
             x, device, dtype, scale=scale)

@@ -34,6 +34,16 @@ def positive(kind):
     return parse
 
 
+def share(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}") from None
+    if not 0.0 <= v <= 1.0:   # a NaN fails too
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text!r}")
+    return v
+
+
 def nonneg_int(text: str) -> int:
     try:
         v = int(text)
@@ -119,6 +129,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gather-sms", type=nonneg_int, default=0,
                    help="unified pipeline on a GPU: streaming multiprocessors the feature gather may use, "
                         "leaving the others to the training step it overlaps; 0 = all (default: %(default)s)")
+    p.add_argument("--gather-cpu-share", type=share, default=None, metavar="F",
+                   help="with --gather-cpu-threads: the CPU threads take this fixed share of each gather's "
+                        "rows, 0 to 1 (1: all of them, so that no gather kernel waits on PCIe beside the "
+                        "training step's kernels; default: the share the measured rates of both paths give)")
     p.add_argument("--gather-cpu-threads", type=nonneg_int, default=0,
                    help="unified pipeline on a GPU: make each feature gather hybrid, that many CPU threads "
                         "gathering a share of the rows into pinned memory (copied to the GPU while the "
@@ -273,6 +287,9 @@ def check_options(args, device) -> None:
         raise ValueError("--gather-sms applies to --pipeline unified only (its zero-copy gather kernel)")
     if args.gather_cpu_threads and args.pipeline != "unified":
         raise ValueError("--gather-cpu-threads applies to --pipeline unified only (its hybrid gather)")
+    if getattr(args, "gather_cpu_share", None) is not None and not args.gather_cpu_threads:
+        raise ValueError(f"--gather-cpu-share {args.gather_cpu_share:g} sets the share of the hybrid gather's CPU "
+                         "threads: give --gather-cpu-threads too")
     if args.pipeline == "pyg":
         for option, set_, what in (("--feature-dtype", getattr(args, "feature_dtype", "stored") != "stored",
                                     "PyG's loader reads the data set's own tensor"),
