@@ -336,8 +336,11 @@ class TestTrain(TestCase):
     def test_graph_copy_checks_free_gpu_memory_first(self):
         # The check runs before any CUDA allocation: with too little free memory reported, the
         # copy is refused with a clear error (on a machine without a GPU too).
+        # No idle allocator blocks either: on a GPU, earlier tests leave some, which count as free.
         need = self.ds.graph.rowptr.nbytes + self.ds.graph.col.nbytes
         with mock.patch("torch.cuda.mem_get_info", return_value=(need, 10 * need)), \
+                mock.patch("torch.cuda.memory_reserved", return_value=0), \
+                mock.patch("torch.cuda.memory_allocated", return_value=0), \
                 self.assertRaisesRegex(ValueError, "keep it in host memory \\(--graph unified\\)"):
             batches.graph_to_gpu(self.ds.graph, torch.device("cuda", 0))
 
