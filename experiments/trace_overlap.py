@@ -5,9 +5,10 @@ The kernels and copies launched inside those ranges (a CUDA graph's replay inclu
 carry the launch's correlation id) are the step's own work; every other device event is the
 loader's (sampling, gathering, copies). For the profiled steps this prints:
 
-- the step's device span (first start to last end of its work, step by step) against its busy
-  time (the union of its kernels and copies): the gaps are where its stream waited, for an event
-  of another stream or for the host to launch;
+- on each stream of the step's work (the training stream; the batch copies' own stream with two
+  sets of graphed buffers), its busy time, its idle time inside the steps (waiting for an event
+  of another stream, or for the host) and between them (waiting for the next batch or launch),
+  and how often a step starts there;
 - how much of its busy time ran beside other work, and which of the loader's kernels ran there;
 - its kernels by total time, and with ``--compare OTHER.json`` (a trace of another pipeline, e.g.
   gpu_resident's) each kernel's mean time in both: a ratio above 1 is a kernel stretched by what
@@ -111,11 +112,12 @@ def analyse(events, top: int = 12) -> dict:
     if not step:
         raise SystemExit(f"trace_overlap: {n_marks} train_step ranges but no device work launched in them "
                          "(a CPU run's trace has none: profile on a GPU)")
-    by_step = defaultdict(list)
+    by_stream = defaultdict(lambda: defaultdict(list))
     for e, i in step:
-        by_step[i].append((e["ts"], e["ts"] + e.get("dur", 0)))
-    span = sum(max(b for _, b in iv) - min(a for a, _ in iv) for iv in by_step.values())
-    step_union = merge(iv for ivs in by_step.values() for iv in ivs)
+        by_stream[(e.get("args") or {}).get("stream")][i].append((e["ts"], e["ts"] + e.get("dur", 0)))
+    per_stream = {str(s): stream_figures(steps) for s, steps in
+                  sorted(by_stream.items(), key=lambda kv: -sum(b - a for iv in kv[1].values() for a, b in iv))}
+    step_union = merge(iv for steps in by_stream.values() for ivs in steps.values() for iv in ivs)
     busy = sum(b - a for a, b in step_union)
     other_union = merge((e["ts"], e["ts"] + e.get("dur", 0)) for e in other)
     other_starts, step_starts = [m[0] for m in other_union], [m[0] for m in step_union]
@@ -130,8 +132,7 @@ def analyse(events, top: int = 12) -> dict:
         streams[(e.get("args") or {}).get("stream")] += e.get("dur", 0)
     means = kernel_means(e for e, _ in step)
     return {
-        "steps": len(by_step), "step_streams": sorted({(e.get("args") or {}).get("stream") for e, _ in step}, key=str),
-        "step_span_ms": span / 1e3, "step_busy_ms": busy / 1e3, "step_gaps_ms": (span - busy) / 1e3,
+        "steps": len({i for _, i in step}), "step_streams": per_stream, "step_busy_ms": busy / 1e3,
         "step_busy_beside_other_ms": shared / 1e3,
         "other_busy_ms_by_stream": {str(k): v / 1e3 for k, v in sorted(streams.items(), key=lambda kv: -kv[1])},
         "beside_step_ms": [{"cat": c, "name": n, "ms": t / 1e3}
@@ -139,6 +140,23 @@ def analyse(events, top: int = 12) -> dict:
         "step_kernels": [{"name": n, "count": c, "total_ms": t / 1e3, "mean_us": t / c}
                          for n, (c, t) in sorted(means.items(), key=lambda kv: -kv[1][1])],
     }
+
+
+def stream_figures(steps: dict) -> dict:
+    """One stream's share of the steps (step -> its intervals there): busy time, idle time inside
+    the steps (first start to last end, less busy) and between them, and the mean time from one
+    step's first start to the next one's."""
+    rows = []
+    for ivs in steps.values():
+        union = merge(ivs)
+        rows.append((union[0][0], union[-1][1], sum(b - a for a, b in union)))
+    rows.sort()
+    busy = sum(r[2] for r in rows)
+    inside = sum(b - a for a, b, _ in rows) - busy
+    between = sum(max(0.0, rows[j + 1][0] - rows[j][1]) for j in range(len(rows) - 1))
+    period = (rows[-1][0] - rows[0][0]) / (len(rows) - 1) if len(rows) > 1 else None
+    return {"steps": len(rows), "busy_ms": busy / 1e3, "idle_inside_steps_ms": inside / 1e3,
+            "idle_between_steps_ms": between / 1e3, "period_ms": None if period is None else period / 1e3}
 
 
 def compare(rec: dict, other_events) -> None:
@@ -154,10 +172,12 @@ def compare(rec: dict, other_events) -> None:
 
 def report(rec: dict, top: int) -> str:
     n = rec["steps"]
-    lines = [f"{n} profiled steps on stream(s) {rec['step_streams']}",
-             f"  device span {rec['step_span_ms']:.2f} ms ({rec['step_span_ms'] / n:.3f} ms a step): "
-             f"busy {rec['step_busy_ms']:.2f} ms, gaps {rec['step_gaps_ms']:.2f} ms",
-             f"  busy beside the loader's work: {rec['step_busy_beside_other_ms']:.2f} ms "
+    lines = [f"{n} profiled steps, busy {rec['step_busy_ms']:.2f} ms on the device ({rec['step_busy_ms'] / n:.3f} ms a step)"]
+    for s, f in rec["step_streams"].items():
+        every = "" if f["period_ms"] is None else f"; a step every {f['period_ms']:.3f} ms"
+        lines.append(f"  stream {s}: busy {f['busy_ms']:.2f} ms in {f['steps']} steps, idle {f['idle_inside_steps_ms']:.2f} ms "
+                     f"inside them and {f['idle_between_steps_ms']:.2f} ms between them{every}")
+    lines += [f"  busy beside the loader's work: {rec['step_busy_beside_other_ms']:.2f} ms "
              f"({100 * rec['step_busy_beside_other_ms'] / max(rec['step_busy_ms'], 1e-9):.0f}%)",
              "  the loader's device time by stream (ms): " +
              ", ".join(f"{s}: {t:.2f}" for s, t in rec["other_busy_ms_by_stream"].items()),

@@ -57,6 +57,16 @@ def release_gpu_cache() -> None:
         torch.cuda.empty_cache()
 
 
+def gpu_memory() -> dict | None:
+    """This process's GPU memory now, in GiB: what its tensors hold and what the caching
+    allocator reserves (None without an initialised GPU): in each variant's record, so that
+    memory a run leaves behind shows in the next one's."""
+    import torch
+    if not torch.cuda.is_initialized():
+        return None
+    return {"allocated_gib": torch.cuda.memory_allocated() / 2**30, "reserved_gib": torch.cuda.memory_reserved() / 2**30}
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--" in argv:
@@ -101,10 +111,14 @@ def main(argv=None) -> None:
     with keep_reordered():
         for name, options, args in runs:
             path = Path(args.out)
-            print(f"variant {name}: {options or '(the common options)'}", file=sys.stderr, flush=True)
+            before = gpu_memory()
+            held = "" if before is None else (f" (GPU memory before it: {before['allocated_gib']:.2f} GiB allocated, "
+                                              f"{before['reserved_gib']:.2f} GiB reserved)")
+            print(f"variant {name}: {options or '(the common options)'}{held}", file=sys.stderr, flush=True)
             with torch_direct.experimental(**experimental.get(name, {})):
                 record = bench_train.run_bench(args, path)
-            record["variant"] = {"name": name, "options": options, "experimental": experimental.get(name, {})}
+            record["variant"] = {"name": name, "options": options, "experimental": experimental.get(name, {}),
+                                 "gpu_memory_before": before}
             write_json(path, record)
             bench_train.print_table(record)
             print(f"wrote {path}", flush=True)

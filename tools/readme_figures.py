@@ -138,6 +138,16 @@ def _papers_variants(r):
             f"test accuracy {accs}")
 
 
+PAPERS_SHARE = [f"train_papers100M-like_variants-3dfb922_h100_fp8_{v}.json" for v in ("w2", "w2c1", "gr", "c1")]
+
+
+def _papers_share(r):
+    (measured, every, resident, again), accs = first_rows(r, PAPERS_SHARE)
+    return (f"{s(measured['epoch_s'], 2)} / {s(every['epoch_s'], 2)} ({x(every['epoch_s'] / resident['epoch_s'], 2)}) / "
+            f"{s(resident['epoch_s'], 2)}; the second call {s(again['epoch_s'], 2)} "
+            f"({x(again['epoch_s'] / resident['epoch_s'], 2)}); test accuracy {accs}")
+
+
 def _papers_host(r):
     row = r[PAPERS_HOST]["rows"][0]
     return f"{s(row['epoch_s'], 1)}; test accuracy {row['test_acc']:.4f}"
@@ -188,6 +198,12 @@ ROWS = [
      "SMs (`--gather-sms 66`, one block a row), no CPU threads",
      PAPERS_VARIANTS + [PAPERS_H100["gpu_resident"]],
      _papers_variants),
+    ("papers100M-like on one **H100**, unified float8 as in the row above with two gathering threads of 6 CPU "
+     "threads each, in one call over one relabelled copy: the CPU threads' share of the misses from the measured "
+     "rates / every miss through the CPU threads (`--gather-cpu-share 1`; against all-in-GPU) / all-in-GPU "
+     "(float8); the share-1 run again in a second call on the same machine",
+     PAPERS_SHARE,
+     _papers_share),
 ]
 
 # Measured on the presets of generator version 1 (half of OGB's edges, labels every pipeline
