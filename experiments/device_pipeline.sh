@@ -76,7 +76,8 @@
 # - papers-trace: a Chrome trace of 20 training steps (`train --profile`) of papers100M-like's
 #   unified run (the papers-variants options, FEATURE_DTYPE, CACHE_MB, and TRACE_OPTIONS, default
 #   `--gather-cpu-threads 12`) and of gpu_resident's (FEATURE_DTYPE, no reorder), then
-#   experiments/trace_overlap.py on them: the step's gaps, what ran beside it, each kernel's stretch.
+#   experiments/trace_overlap.py on them: each step stream's busy and idle time, what ran beside the
+#   step, each kernel's stretch against gpu_resident's.
 # - papers-data: papers100M-like generated (up to 400 s: in a call of its own, before the
 #   papers-* steps, which otherwise generate it first on a fresh machine).
 # - papers-all: papers100M-like, CSR on the GPU, every locality lever at once (`--reorder degree
