@@ -163,10 +163,12 @@ class TestTrainVariants(TestCase):
             one = json.loads((out / "train_tiny_one.json").read_text())
             two = json.loads((out / "train_tiny_two.json").read_text())
             # gpu_memory_before: None where no GPU was used (on the GPU, each run's starting memory)
+            # and no loader or sampling thread of an earlier run still alive
             self.assertEqual(one["variant"], {"name": "one", "options": "", "experimental": {},
-                                              "gpu_memory_before": None})
+                                              "gpu_memory_before": None, "threads_before": []})
             self.assertEqual(two["variant"], {"name": "two", "options": "--gather-workers 2",
-                                              "experimental": {"cached_gather": "split"}, "gpu_memory_before": None})
+                                              "experimental": {"cached_gather": "split"}, "gpu_memory_before": None,
+                                              "threads_before": []})
             self.assertEqual((one["args"]["gather_workers"], two["args"]["gather_workers"]), (1, 2))
             u1, u2 = one["rows"][0], two["rows"][0]
             self.assertGreater(u1["reorder_s"], 0)     # the first variant made the relabelled copy

@@ -19,6 +19,7 @@ that fails is recorded as bench train records a failed row, and the others still
 import argparse
 import shlex
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -112,13 +113,15 @@ def main(argv=None) -> None:
         for name, options, args in runs:
             path = Path(args.out)
             before = gpu_memory()
+            # a run's loader or sampling threads still alive would hold its stores and GPU CSR
+            left = sorted(t.name for t in threading.enumerate() if t.name.startswith("torch_direct"))
             held = "" if before is None else (f" (GPU memory before it: {before['allocated_gib']:.2f} GiB allocated, "
                                               f"{before['reserved_gib']:.2f} GiB reserved)")
             print(f"variant {name}: {options or '(the common options)'}{held}", file=sys.stderr, flush=True)
             with torch_direct.experimental(**experimental.get(name, {})):
                 record = bench_train.run_bench(args, path)
             record["variant"] = {"name": name, "options": options, "experimental": experimental.get(name, {}),
-                                 "gpu_memory_before": before}
+                                 "gpu_memory_before": before, "threads_before": left}
             write_json(path, record)
             bench_train.print_table(record)
             print(f"wrote {path}", flush=True)
