@@ -65,8 +65,9 @@ def covered(merged, starts, s, e) -> float:
 
 
 def split(events):
-    """(step work, other device work, step ranges): device events split by whether their launch
-    ran inside a ``train_step`` range of the same host thread."""
+    """(step work as (event, its step's index), other device work, the number of ``train_step``
+    ranges): device events split by whether their launch ran inside such a range of the same
+    host thread."""
     marks = defaultdict(list)
     for e in events:
         if e.get("name") == MARK and e.get("cat") in ("user_annotation", "cpu_op"):
@@ -87,8 +88,11 @@ def split(events):
         if e.get("cat") not in DEVICE_CATS:
             continue
         corr = (e.get("args") or {}).get("correlation")
-        (step if corr in in_step else other).append((e, in_step.get(corr)))
-    return step, [e for e, _ in other], sum(len(v) for v in marks.values())
+        if corr in in_step:
+            step.append((e, in_step[corr]))
+        else:
+            other.append(e)
+    return step, other, sum(len(v) for v in marks.values())
 
 
 def short(name: str, width: int = 90) -> str:
@@ -160,7 +164,8 @@ def stream_figures(steps: dict) -> dict:
 
 
 def compare(rec: dict, other_events) -> None:
-    """Each step kernel's mean time in the other trace beside this one's."""
+    """Each step kernel's mean time in the other trace beside this one's, and the kernels found
+    in both traces: their total time here and at the other trace's means."""
     step, _, _ = split(other_events)
     means = kernel_means(e for e, _ in step)
     rec["compare_steps"] = len({i for _, i in step})
@@ -168,6 +173,9 @@ def compare(rec: dict, other_events) -> None:
         c, t = means.get(k["name"], (0, 0.0))
         k["other_mean_us"] = t / c if c else None
         k["stretch"] = k["mean_us"] / k["other_mean_us"] if c and t > 0 else None
+    both = [k for k in rec["step_kernels"] if k["stretch"]]
+    rec["matched_kernel_ms"] = sum(k["total_ms"] for k in both)
+    rec["matched_kernel_ms_other"] = sum(k["other_mean_us"] * k["count"] for k in both) / 1e3
 
 
 def report(rec: dict, top: int) -> str:
@@ -191,10 +199,7 @@ def report(rec: dict, top: int) -> str:
             extra = (f"  {k['other_mean_us']:9.1f}  {k['stretch']:5.2f}x" if k["stretch"] else "  (not in the other)")
         lines.append(f"  {k['total_ms']:9.3f} {k['count']:6d} {k['mean_us']:9.1f}{extra}  {short(k['name'], 70)}")
     if cmp:
-        both = [k for k in rec["step_kernels"] if k["stretch"]]
-        here = sum(k["total_ms"] for k in both)
-        there = sum(k["other_mean_us"] * k["count"] for k in both) / 1e3
-        rec["matched_kernel_ms"], rec["matched_kernel_ms_other"] = here, there
+        here, there = rec["matched_kernel_ms"], rec["matched_kernel_ms_other"]
         lines.append(f"kernels in both traces: {here:.2f} ms here against {there:.2f} ms at the other's means "
                      f"({here / there:.2f}x)" if there else "no kernel is in both traces")
     return "\n".join(lines)

@@ -351,8 +351,9 @@ def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, scale=
         store = UnifiedFeatureStore(x, device, dtype, scale=scale, pin_inplace=pin_inplace, max_sms=max_sms,
                                     cpu_threads=cpu_threads, cpu_share=cpu_share)
     else:
-        for name, value in (("max_sms", max_sms), ("cpu_threads", cpu_threads), ("cpu_share", cpu_share)):
-            if value or (name == "cpu_share" and value is not None):
+        for name, given in (("max_sms", bool(max_sms)), ("cpu_threads", bool(cpu_threads)),
+                            ("cpu_share", cpu_share is not None)):
+            if given:
                 raise ValueError(f"{name} applies to the 'unified' store only, not {kind!r}")
         store = (CPUCentricFeatureStore if kind == "cpu_centric" else GPUResidentFeatureStore)(
             x, device, dtype, scale=scale)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -162,10 +162,9 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
                 profiler.step(i)
             t = steps.start()
             c0 = time.thread_time()
-            if profiler is not None and profiler.running:  # the trace marks each step's own work
-                with torch.profiler.record_function(STEP_MARK):
-                    loss, out = (step or eager)(b)
-            else:
+            # while profiled, the trace marks each step's own work
+            marked = profiler is not None and profiler.running
+            with torch.profiler.record_function(STEP_MARK) if marked else nullcontext():
                 loss, out = (step or eager)(b)
             loss_sum += loss.detach() * b.batch_size
             # On the device: a host wait here would hold the next step back.
