@@ -178,6 +178,51 @@ class TestCpuThreads(TestCase):
             got = pool.apply_async(torch_direct._C._parallel_threads_used, (4,)).get(timeout=60)
         self.assertEqual(got, 4)
 
+    def test_streaming_stores_write_the_same_rows(self):
+        # 128 B rows take the streaming stores; 12 B rows, not a multiple of 16, the plain copy.
+        for width, dtype in ((32, torch.float32), (3, torch.float32), (64, torch.float16)):
+            src = torch.randn(5000, width).to(dtype)
+            u = src.to("unified")
+            idx = torch.randint(-5000, 5000, (70000,))
+            with torch_direct.experimental(cpu_gather_stores="streaming", gather_own_pool=1):
+                got = torch_direct.gather(u, idx)
+            self.assertEqual(got, src[idx], msg=f"width {width}")
+        with torch_direct.experimental(cpu_gather_stores="nt"):
+            with self.assertRaisesRegex(RuntimeError, "cpu_gather_stores must be plain or streaming, not 'nt'"):
+                torch_direct.gather(u, idx)
+
+    @extension_only("_parallel_concurrent_peak is a test hook of the extension's module")
+    def test_calls_at_once_each_get_the_threads_they_asked_for(self):
+        # Two loader threads that each gather on 6 threads must run on 12, not on
+        # one pool sized for one of them. In a fresh process, so that no earlier
+        # call has grown the pool already.
+        import json
+        import subprocess
+        import sys
+        code = """
+import json, torch_direct
+out = {}
+with torch_direct.experimental(cpu_pool_size="largest"):
+    out["largest"] = torch_direct._C._parallel_concurrent_peak(3, 4)
+out["concurrent"] = torch_direct._C._parallel_concurrent_peak(3, 4)
+out["again"] = torch_direct._C._parallel_concurrent_peak(2, 4)
+with torch_direct.experimental(cpu_pool_size="all"):
+    try:
+        torch_direct._C._parallel_concurrent_peak(2, 2)
+        out["bad"] = "ran"
+    except RuntimeError as e:
+        out["bad"] = str(e)
+print(json.dumps(out))
+"""
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        # one pool of 3 threads for calls of 4 chunks: the 3 callers' own chunks and 3 more
+        self.assertEqual(out["largest"], 6)
+        self.assertEqual(out["concurrent"], 12)
+        self.assertEqual(out["again"], 8)
+        self.assertIn("cpu_pool_size must be concurrent or largest, not 'all'", out["bad"])
+
     @extension_only("_parallel_thread_nices is a test hook of the extension's module")
     def test_cpu_pool_nice_makes_the_pool_threads_nicer_than_their_caller(self):
         # In a process of its own: the pool's threads keep a niceness once given.

@@ -27,6 +27,9 @@ SETTINGS = {
     "gather_max_unit": "int >= 1: cap on the bytes of each load, 16/8/4/2/1 (default: 16)",
     "gather_own_pool": "0 | 1: the CPU gather uses a thread pool of its own instead of ATen's (default: 0)",
     "cpu_gather_prefetch": "int >= 0: rows ahead whose cache lines the CPU gather requests early (default: 0)",
+    "cpu_gather_stores": "plain | streaming: streaming = the CPU gather writes rows whose size and address are "
+                         "multiples of 16 bytes with non-temporal stores, which do not read the lines they write "
+                         "(default: plain)",
     "sampler_waits": "default | fewer: fewer = one host wait per hop in the GPU sampler instead of two",
     "sampler_relabel": "hash | sort: sort = the GPU sampler numbers each hop's new nodes by sorting them "
                        "instead of through a hash table (the same numbering; default: hash)",
@@ -46,6 +49,9 @@ SETTINGS = {
                      "run this much nicer than the thread that calls them, so that the scheduler gives a core to "
                      "the process's other threads, such as the training loop, first (default: unset, their "
                      "niceness left as it is; making them less nice again needs CAP_SYS_NICE)",
+    "cpu_pool_size": "concurrent | largest: largest = the CPU thread pool holds as many threads as the largest "
+                     "single call asked for, so that calls running at once (two gathering threads' CPU "
+                     "shares) queue on it (default: concurrent: as many as the running calls asked for together)",
     "gil_switch_us": "int >= 1: the GIL's switch interval, in microseconds, while `train` and `bench train` train "
                      "(how long a thread that wants the GIL waits before it asks the holder to drop it; default: "
                      "unset, Python's 5000)",

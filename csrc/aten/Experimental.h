@@ -30,12 +30,14 @@ constexpr const char* kSettings[] = {
     "gather_max_unit",      // 16|8|4|2|1: cap on the bytes of each load
     "gather_own_pool",      // 1: the CPU gather's own thread pool instead of ATen's
     "cpu_gather_prefetch",  // int >= 0: rows ahead whose cache lines the CPU gather requests
+    "cpu_gather_stores",    // plain | streaming: how the CPU gather writes its rows
     "sampler_waits",        // default | fewer: the GPU sampler's host waits per hop
     "sampler_relabel",      // sort | hash: how the GPU sampler numbers a hop's new nodes
     "feature_pages",        // small | huge: the GNN feature store's table pages (read in Python)
     "cached_gather",        // split | fused: the GNN feature store's cached gather (read in Python)
     "hybrid_split",         // index | address: which rows a hybrid feature gather's CPU threads take (Python)
     "cpu_pool_nice",        // int 0-19: the CPU thread pool's workers run this much nicer than their caller
+    "cpu_pool_size",        // concurrent | largest: the CPU thread pool holds all running calls' threads, or one call's
     "gil_switch_us",        // int >= 1: the GIL's switch interval while the GNN stack trains (Python)
 };
 

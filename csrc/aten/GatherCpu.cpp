@@ -16,6 +16,10 @@
 #include <cstring>
 #include <mutex>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace at::native::unified {
 namespace {
 
@@ -62,6 +66,33 @@ int64_t prefetch_distance() {
   return torch_direct::experimental::get_int("cpu_gather_prefetch", 0, 0);
 }
 constexpr int64_t kPrefetchMaxLines = 8;  // at most 512 B of a row
+
+// Whether rows are written with streaming (non-temporal) stores (experimental
+// cpu_gather_stores=streaming). A plain store first reads the line it writes
+// into the cache; the hybrid gather's staging is only read again by the copy
+// engine, so those reads are a third of the memory traffic of 128 B rows.
+// Rows whose size or address is not a multiple of 16 bytes are copied plainly.
+bool streaming_stores() {
+  const auto v = torch_direct::experimental::get("cpu_gather_stores");
+  TORCH_CHECK(!v || *v == "plain" || *v == "streaming", torch_direct::experimental::kVariable,
+              ": cpu_gather_stores must be plain or streaming, not '", *v, "'");
+#if defined(__SSE2__)
+  return v && *v == "streaming";
+#else
+  return false;
+#endif
+}
+
+inline void copy_row_streaming(char* dst, const char* src, size_t bytes) {
+#if defined(__SSE2__)
+  for (size_t j = 0; j < bytes; j += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + j),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j)));
+  }
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
 
 template <typename index_t>
 inline void prefetch_row(const char* base, index_t i, int64_t rows, int64_t stride_bytes,
@@ -112,14 +143,25 @@ void gather_rows(const at::Tensor& table, const index_t* idx, int64_t n, at::Ten
     char* dst = static_cast<char*>(out.data_ptr());
     const int64_t stride_bytes = in_stride * table.element_size();
     const int64_t ahead = prefetch_distance();
+    const bool stream = streaming_stores() && row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
     // rows [b, e) of a thread's chunk that ends at `end` (prefetch runs on into the next piece)
     for_pieces(n, grain, max_threads, out_row_bytes, after_chunk, [&](int64_t b, int64_t e, int64_t end) {
       for (int64_t i = b; i < e; ++i) {
         if (ahead > 0 && i + ahead < end) {
           prefetch_row(base, idx[i + ahead], rows, stride_bytes, row_bytes);
         }
-        std::memcpy(dst + i * row_bytes, base + row_of(idx[i], rows) * stride_bytes, row_bytes);
+        const char* src = base + row_of(idx[i], rows) * stride_bytes;
+        if (stream) {
+          copy_row_streaming(dst + i * row_bytes, src, row_bytes);
+        } else {
+          std::memcpy(dst + i * row_bytes, src, row_bytes);
+        }
       }
+#if defined(__SSE2__)
+      if (stream) {
+        _mm_sfence();  // the rows are in memory before after_chunk hands them to a copy
+      }
+#endif
     });
     return;
   }
@@ -163,6 +205,8 @@ void check_gather_settings() {
   ex::get_int("gather_window_rows", 0, 0);
   ex::get_int("gather_max_unit", 16, 1);
   ex::get_int("cpu_gather_prefetch", 0, 0);
+  pool_sized_to_largest_call();  // checks cpu_pool_size
+  streaming_stores();            // checks cpu_gather_stores
 }
 
 bool cpu_gather_on_torch_threads(int64_t max_threads) {

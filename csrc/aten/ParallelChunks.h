@@ -11,8 +11,15 @@
 // by default, fewer than the threads asked for on a machine with SMT, and a
 // gather that asks for 16 threads then runs in two waves on 8 (on the H200
 // machine the hybrid gather's CPU part moved rows at about half the rate of
-// index_select on 16 OpenMP threads). The pool grows to the largest number of
-// threads asked for; outgrown pools stay alive, idle.
+// index_select on 16 OpenMP threads).
+//
+// The pool holds the threads of every call running at once: two loader
+// threads that each gather with 6 threads get 5 pool threads each, not 5
+// between them (a pool sized to the largest call queued one call's chunks
+// behind the other's, so that each ran on about 3.5 threads). The pool grows
+// to the most threads that running calls have asked for together; outgrown
+// pools stay alive, idle. The experimental cpu_pool_size=largest sizes it to
+// the largest single call instead, as before (for experiments).
 //
 // With the experimental cpu_pool_nice=k, the pool's threads that run a call's
 // chunks first take the niceness of the calling thread plus k (at most 19), so
@@ -46,6 +53,7 @@ namespace at::native::unified {
 struct ChunkPoolState {
   std::mutex m;
   c10::ThreadPool* pool = nullptr;
+  int64_t running = 0;  // pool threads asked for by the calls running now
 };
 
 inline ChunkPoolState& chunk_pool_state() {
@@ -57,6 +65,7 @@ inline ChunkPoolState& chunk_pool_state() {
       auto* child = &chunk_pool_state();
       new (&child->m) std::mutex();
       child->pool = nullptr;  // the parent's pool object is leaked in the child
+      child->running = 0;
     });
     return st;
   }();
@@ -70,15 +79,42 @@ inline bool& in_chunk_worker() {
   return flag;
 }
 
-// A pool with at least `workers` threads (never destroyed: no teardown at exit).
-inline c10::ThreadPool& chunk_pool(int64_t workers) {
-  ChunkPoolState& st = chunk_pool_state();
-  std::lock_guard<std::mutex> g(st.m);
-  if (st.pool == nullptr || static_cast<int64_t>(st.pool->size()) < workers) {
-    st.pool = new c10::ThreadPool(static_cast<int>(workers), -1, [] { in_chunk_worker() = true; });
-  }
-  return *st.pool;
+// Whether the pool holds one call's threads only (experimental cpu_pool_size=largest).
+inline bool pool_sized_to_largest_call() {
+  const auto v = torch_direct::experimental::get("cpu_pool_size");
+  TORCH_CHECK(!v || *v == "concurrent" || *v == "largest", torch_direct::experimental::kVariable,
+              ": cpu_pool_size must be concurrent or largest, not '", *v, "'");
+  return v && *v == "largest";
 }
+
+// A call's claim on `workers` pool threads, held while its chunks run: the pool
+// it gives has at least as many threads as the calls holding claims asked for
+// together (never destroyed: no teardown at exit).
+class PoolClaim {
+ public:
+  PoolClaim(int64_t workers, bool largest_only) : workers_(workers) {
+    ChunkPoolState& st = chunk_pool_state();
+    std::lock_guard<std::mutex> g(st.m);
+    st.running += workers_;
+    const int64_t want = largest_only ? workers_ : st.running;
+    if (st.pool == nullptr || static_cast<int64_t>(st.pool->size()) < want) {
+      st.pool = new c10::ThreadPool(static_cast<int>(want), -1, [] { in_chunk_worker() = true; });
+    }
+    pool_ = st.pool;
+  }
+  ~PoolClaim() {
+    ChunkPoolState& st = chunk_pool_state();
+    std::lock_guard<std::mutex> g(st.m);
+    st.running -= workers_;
+  }
+  PoolClaim(const PoolClaim&) = delete;
+  PoolClaim& operator=(const PoolClaim&) = delete;
+  c10::ThreadPool& pool() { return *pool_; }
+
+ private:
+  int64_t workers_;
+  c10::ThreadPool* pool_ = nullptr;
+};
 
 // The niceness a call's pool threads are to take (cpu_pool_nice: the calling
 // thread's plus k, at most 19), or -100 to leave theirs as it is. Read on the
@@ -128,11 +164,12 @@ void parallel_chunks(int64_t n, int64_t grain, int64_t max_threads, const F& fn)
     return;
   }
   const int nice = pool_nice_wanted();
+  PoolClaim claim(chunks - 1, pool_sized_to_largest_call());  // released after the wait below
   std::mutex m;
   std::condition_variable cv;
   int64_t left = chunks - 1;
   std::exception_ptr error;
-  c10::ThreadPool& pool = chunk_pool(chunks - 1);
+  c10::ThreadPool& pool = claim.pool();
   for (int64_t c = 1; c < chunks; ++c) {
     const int64_t b = c * per;
     const int64_t e = std::min(n, b + per);

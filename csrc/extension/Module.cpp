@@ -19,6 +19,8 @@
 #include <torch/library.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <set>
@@ -121,6 +123,48 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       ids.insert(std::this_thread::get_id());
     });
     return static_cast<int64_t>(ids.size());
+  });
+  m.def("_parallel_concurrent_peak", [](int64_t callers, int64_t chunks) {
+    // The most chunks running at once while `callers` threads each run
+    // parallel_chunks over `chunks` chunks, all started together.
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t ready = 0;
+    int64_t running = 0;
+    int64_t peak = 0;
+    std::vector<std::thread> threads;
+    std::exception_ptr error;
+    for (int64_t c = 0; c < callers; ++c) {
+      threads.emplace_back([&] {
+        try {
+          {
+            std::unique_lock<std::mutex> lock(mu);
+            ++ready;
+            cv.notify_all();
+            cv.wait(lock, [&] { return ready == callers; });
+          }
+          at::native::unified::parallel_chunks(chunks, 1, chunks, [&](int64_t, int64_t) {
+            {
+              std::lock_guard<std::mutex> g(mu);
+              peak = std::max(peak, ++running);
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(150));
+            std::lock_guard<std::mutex> g(mu);
+            --running;
+          });
+        } catch (...) {
+          std::lock_guard<std::mutex> g(mu);
+          error = error ? error : std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) {
+      t.join();
+    }
+    if (error) {
+      std::rethrow_exception(error);
+    }
+    return peak;
   });
   m.def("_parallel_thread_nices", [](int64_t chunks) {
     // The niceness of each thread that ran one of `chunks` chunks, the calling

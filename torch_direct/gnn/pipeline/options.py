@@ -250,6 +250,8 @@ def check_options(args, device) -> None:
     pages = feature_pages()   # refuses a setting that is not one of its pages
     experimental_int("gil_switch_us", 1)
     experimental_int("cpu_pool_nice", 0, 19)   # read by the C++ pool at its first use: refused here first
+    torch_direct.experimental_setting("cpu_pool_size", choices=("concurrent", "largest"))  # read by the C++ pool
+    torch_direct.experimental_setting("cpu_gather_stores", choices=("plain", "streaming"))  # by the CPU gather
     if pages == "driver" and (torch.device(device).type != "cuda" or not torch_direct.cuda_available()):
         raise ValueError("TORCH_DIRECT_EXPERIMENTAL: feature_pages=driver needs a CUDA GPU (the driver "
                          f"allocates and maps the table), and this run's device is {device}")
