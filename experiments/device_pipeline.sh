@@ -56,7 +56,8 @@
 #   12 CPU threads) once for each variant of VARIANTS ("name=options;name=options", default
 #   "workers1=;workers2=--gather-workers 2"), in one process over one relabelled copy
 #   (experiments/train_variants.py: the reorder is made once); VARIANT_SETTINGS="name=k=v,k=v;..."
-#   runs a variant under experimental settings (e.g. "fused=cached_gather=fused").
+#   runs a variant under experimental settings (e.g. "fused=cached_gather=fused"); OOM_REPORT=1
+#   writes what held the GPU memory at a variant's CUDA out-of-memory error (oom_*.json).
 # - papers-fused-sms: papers-cached-gather's fused run with `--gather-sms N` for each N of
 #   GATHER_SMS_LIST (default "66 33") and gather_kernel=rowblock (one block a row under the cap).
 # - products-ablation: `bench train-ablation` on products-like (every lever).
@@ -203,6 +204,7 @@ papers_variants() {  # papers-variants (VARIANTS, VARIANT_SETTINGS; the header s
   for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--variant "$v"); done
   IFS=';' read -ra vs <<< "${VARIANT_SETTINGS:-}"
   for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--experimental "$v"); done
+  [ "${OOM_REPORT:-0}" = 1 ] && args+=(--oom-report)
   name=papers100M-like_variants_${FEATURE_DTYPE:-stored}_reorder-${REORDER:-frequency}
   t0=$(date +%s)
   PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} timeout "${RUN_LIMIT:-560}" python3 experiments/train_variants.py \

@@ -156,7 +156,7 @@ class TestTrainVariants(TestCase):
             common = ["--root", d, "--dataset", "tiny", "--device", "cpu", "--pipelines", "unified", "--epochs", "2",
                       "--threads", "1", "--layers", "builtin", "--hidden", "16", "--batch-size", "256",
                       "--no-progress", "--reorder", "frequency", "--sample-ahead", "--test-nodes", "200"]
-            r = self.variants("--out-dir", str(out), "--name", "tiny", "--variant", "one=",
+            r = self.variants("--out-dir", str(out), "--name", "tiny", "--oom-report", "--variant", "one=",
                               "--variant", "two=--gather-workers 2",
                               "--experimental", "two=cached_gather=split", "--", *common)
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
@@ -165,16 +165,18 @@ class TestTrainVariants(TestCase):
             # gpu_memory_before: None where no GPU was used (on the GPU, each run's starting memory)
             # and no loader or sampling thread of an earlier run still alive
             self.assertEqual(one["variant"], {"name": "one", "options": "", "experimental": {},
-                                              "gpu_memory_before": None, "threads_before": []})
+                                              "gpu_memory_before": None, "gpu_memory_peak": None,
+                                              "threads_before": []})
             self.assertEqual(two["variant"], {"name": "two", "options": "--gather-workers 2",
                                               "experimental": {"cached_gather": "split"}, "gpu_memory_before": None,
-                                              "threads_before": []})
+                                              "gpu_memory_peak": None, "threads_before": []})
             self.assertEqual((one["args"]["gather_workers"], two["args"]["gather_workers"]), (1, 2))
             u1, u2 = one["rows"][0], two["rows"][0]
             self.assertGreater(u1["reorder_s"], 0)     # the first variant made the relabelled copy
             self.assertEqual(u2["reorder_s"], 0.0)     # the second used it
             self.assertEqual(u1["losses"], u2["losses"])   # the same batches, so the same training
             self.assertEqual(r.stdout.count("wrote "), 2)
+            self.assertEqual(sorted(p.name for p in out.iterdir()), ["train_tiny_one.json", "train_tiny_two.json"])
 
     def test_bad_input(self):
         with tempfile.TemporaryDirectory() as d:
@@ -200,6 +202,34 @@ class TestTrainVariants(TestCase):
                 self.assertEqual(r.returncode, 2, (args, r.stderr))
                 self.assertIn(msg, r.stderr)
             self.assertEqual(list(Path(d).iterdir()), [])   # nothing written for a refused command
+
+
+class TestGpuMemoryReport(TestCase):
+    def test_summary_of_a_snapshot(self):
+        sys.path.insert(0, str(REPO / "experiments"))
+        from gpu_memory_report import site_of, summarise
+        gib = 2**30
+        ours = [{"filename": "/x/torch/nn/functional.py", "line": 9, "name": "linear"},
+                {"filename": "/r/torch_direct/gnn/pipeline/stages.py", "line": 120, "name": "make"}]
+        theirs = [{"filename": "/x/torch/cuda/graphs.py", "line": 5, "name": "capture"}]
+        snap = {"segments": [
+            {"stream": 7, "total_size": 4 * gib, "blocks": [
+                {"size": 2 * gib, "state": "active_allocated", "frames": ours},
+                {"size": gib, "state": "active_allocated", "frames": ours},
+                {"size": gib, "state": "inactive", "frames": ours}]},
+            {"stream": 0, "total_size": 2 * gib, "blocks": [
+                {"size": gib, "state": "active_allocated", "frames": theirs},
+                {"size": gib // 2, "state": "active_pending_free", "frames": []},
+                {"size": gib // 2, "state": "active_allocated"}]}]}
+        got = summarise(snap, top=2)
+        self.assertEqual((got["allocated_gib"], got["reserved_gib"]), (4.5, 6.0))
+        self.assertEqual(got["by_stream_gib"], {"7": 3.0, "0": 1.5})
+        self.assertEqual(got["sites"], [
+            {"site": "torch_direct/gnn/pipeline/stages.py:120 make", "gib": 3.0, "blocks": 2},
+            {"site": "/x/torch/cuda/graphs.py:5 capture", "gib": 1.0, "blocks": 1}])
+        self.assertEqual(got["other_sites_gib"], 0.5)   # the block without frames
+        self.assertEqual(site_of([]), "unknown")
+        self.assertEqual(summarise({})["allocated_gib"], 0.0)
 
 
 class TestTraceOverlap(TestCase):

@@ -12,7 +12,9 @@ at a time spends most of a device call reordering.
 
 Each variant's options follow the common ones after `--` (for an option given twice, the
 variant's wins). `--experimental NAME=k=v[,k=v]` runs variant NAME under those experimental
-settings (torch_direct.experimental). The records are OUT/train_<name>_<variant>.json, each
+settings (torch_direct.experimental). `--oom-report` records each live GPU block's Python
+stack and, at a variant's first CUDA out-of-memory error, writes what held the memory
+(experiments/gpu_memory_report.py) to OUT/oom_<name>_<variant>.json. The records are OUT/train_<name>_<variant>.json, each
 with a "variant" object saying what its run added. Variants run in the order given; a variant
 that fails is recorded as bench train records a failed row, and the others still run.
 """
@@ -68,6 +70,16 @@ def gpu_memory() -> dict | None:
     return {"allocated_gib": torch.cuda.memory_allocated() / 2**30, "reserved_gib": torch.cuda.memory_reserved() / 2**30}
 
 
+def gpu_memory_peak() -> dict | None:
+    """The most this process's tensors and the caching allocator held since the last
+    ``torch.cuda.reset_peak_memory_stats()``, in GiB (None without an initialised GPU)."""
+    import torch
+    if not torch.cuda.is_initialized():
+        return None
+    return {"allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--" in argv:
@@ -83,6 +95,9 @@ def main(argv=None) -> None:
                     help="a run: its name and the bench train options it adds (may be empty)")
     ap.add_argument("--experimental", action="append", default=[], metavar="NAME=k=v[,k=v]",
                     help="experimental settings for variant NAME")
+    ap.add_argument("--oom-report", action="store_true",
+                    help="on a variant's CUDA out-of-memory error, write what held the GPU memory "
+                         "to OUT/oom_<name>_<variant>.json (records each live block's stack: slower)")
     a = ap.parse_args(own)
     variants = parse_pairs(a.variant, "--variant")
     if not variants:
@@ -92,6 +107,7 @@ def main(argv=None) -> None:
     if unknown:
         raise ValueError(f"--experimental names no variant: {', '.join(unknown)}")
 
+    import torch
     import torch_direct
     from torch_direct.gnn.bench import train as bench_train
     from torch_direct.gnn.outputs import check_writable, write_json
@@ -118,10 +134,21 @@ def main(argv=None) -> None:
             held = "" if before is None else (f" (GPU memory before it: {before['allocated_gib']:.2f} GiB allocated, "
                                               f"{before['reserved_gib']:.2f} GiB reserved)")
             print(f"variant {name}: {options or '(the common options)'}{held}", file=sys.stderr, flush=True)
-            with torch_direct.experimental(**experimental.get(name, {})):
-                record = bench_train.run_bench(args, path)
+            if torch.cuda.is_initialized():
+                torch.cuda.reset_peak_memory_stats()
+            watch = None
+            if a.oom_report and torch_direct.cuda_available():
+                from gpu_memory_report import OomReport
+                watch = OomReport(a.out_dir / f"oom_{a.name}_{name}.json")
+            try:
+                with torch_direct.experimental(**experimental.get(name, {})):
+                    record = bench_train.run_bench(args, path)
+            finally:
+                if watch is not None:
+                    watch.close()
             record["variant"] = {"name": name, "options": options, "experimental": experimental.get(name, {}),
-                                 "gpu_memory_before": before, "threads_before": left}
+                                 "gpu_memory_before": before, "gpu_memory_peak": gpu_memory_peak(),
+                                 "threads_before": left}
             write_json(path, record)
             bench_train.print_table(record)
             print(f"wrote {path}", flush=True)
