@@ -845,6 +845,24 @@ class TestPipelinedLoader(TestCase):
             self.assertIsNone(loader.stream)
             self.assertEqual(sum(b.batch_size for b in loader), self.ids.numel())
 
+    def test_evaluation_gathers_on_one_thread(self):
+        # Evaluation batches are many times a training batch: several gathering threads would each
+        # hold one gather's rows at once (what ran a GPU out of memory), so evaluation takes one.
+        import argparse
+        from torch_direct.gnn.graph import load_dataset
+        from torch_direct.gnn.pipeline.batches import PipelinedBatches
+        from torch_direct.gnn.pipeline.options import add_arguments
+        p = argparse.ArgumentParser()
+        add_arguments(p)
+        with tempfile.TemporaryDirectory() as d:
+            args = p.parse_args(["--root", d, "--dataset", "tiny", "--device", "cpu", "--pipeline", "unified",
+                                 "--sample-ahead", "--gather-workers", "3", "--no-progress"])
+            ds = load_dataset("tiny", root=d, seed=0, show_progress=False)
+            batches = PipelinedBatches(args, ds, torch.device("cpu"), say=lambda *a, **k: None)
+            with batches.train as train, batches.evaluation(ds.split["valid"], [5, 5], 1) as valid:
+                self.assertEqual((train.gather_workers, valid.gather_workers), (3, 1))
+                self.assertEqual(sum(b.batch_size for b in valid), ds.split["valid"].numel())
+
     @requires_gpu
     def test_high_priority_streams_give_the_same_batches(self):
         from torch_direct.gnn.graph import GPUNeighborSampler

@@ -140,11 +140,11 @@ class PipelinedBatches:
         # Sampling streams differ per rank (seed + rank * 7919); the seed permutation does not.
         sample_seed = args.seed if ctx is None else args.seed + 7919 * ctx.rank
 
-        def loader(ids, fanouts, seed, batch_size, **kw):
+        def loader(ids, fanouts, seed, batch_size, gather_workers=getattr(args, "gather_workers", 1), **kw):
             return PipelinedLoader(make_sampler(fanouts, seed), self.store, ids, batch_size, labels=labels,
                                    device=device, prefetch=args.prefetch, merge_gathers=merge, shard=shard,
                                    sample_ahead=args.sample_ahead, stream_priority=args.loader_priority,
-                                   gather_workers=getattr(args, "gather_workers", 1), **kw)
+                                   gather_workers=gather_workers, **kw)
 
         self._loader, self._eval_batch = loader, args.eval_batch_size
         self.train = loader(ds.split["train"], args.fanouts, sample_seed, args.batch_size,
@@ -157,7 +157,12 @@ class PipelinedBatches:
         self._args, self._ctx, self._device = args, ctx, device
 
     def evaluation(self, ids, fanouts, seed):
-        return self._loader(ids, fanouts, seed, self._eval_batch, shuffle=False)
+        """The loader of sampled inference over ``ids``. It gathers on one thread whatever
+        --gather-workers says: an evaluation batch (--eval-batch-size, --eval-fanouts) is many
+        times a training batch (on papers100M-like, 4096 seeds at fanouts 20 reach millions of
+        nodes, gigabytes of rows), and each gathering thread holds one gather's rows and their
+        copies at once, so three of them ran out of an 80 GB GPU's memory where training fit."""
+        return self._loader(ids, fanouts, seed, self._eval_batch, shuffle=False, gather_workers=1)
 
     def full_eval_store(self):
         return self.store

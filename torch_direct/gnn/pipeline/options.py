@@ -162,7 +162,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the sampled batches in turn and handing them to the training loop in order, so "
                         "that one batch's gather overlaps the next one's where a gather waits for the "
                         "host (--gather-cpu-threads, a --cache-mb cache's split gather); the batches are "
-                        "the same; above 1 needs --sample-ahead (default: %(default)s)")
+                        "the same; above 1 needs --sample-ahead; evaluation gathers on one thread, its "
+                        "batches being many times larger (default: %(default)s)")
     p.add_argument("--sampler-batches", type=positive(int), default=1, metavar="K",
                    help="GPU sampler: sample K batches in one call, each hop's steps run once over all of "
                         "them (fewer launches and host waits a batch; the batches are the same); not with "
