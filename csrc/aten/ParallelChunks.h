@@ -120,11 +120,11 @@ class PoolClaim {
 // thread's plus k, at most 19), or -100 to leave theirs as it is. Read on the
 // calling thread.
 inline int pool_nice_wanted() {
-  const auto k = torch_direct::experimental::get("cpu_pool_nice");
-  if (!k) {
+  // one read of the setting (-1: not given), so that a change between two reads cannot mix them
+  const int64_t more = torch_direct::experimental::get_int("cpu_pool_nice", -1, 0);
+  if (more < 0) {
     return -100;
   }
-  const int64_t more = torch_direct::experimental::get_int("cpu_pool_nice", 0, 0);
   TORCH_CHECK(more <= 19, "TORCH_DIRECT_EXPERIMENTAL: cpu_pool_nice must be an integer from 0 to 19, not ", more);
   errno = 0;
   const int mine = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
