@@ -555,6 +555,30 @@ class TestPipelinedLoader(TestCase):
                     if os.path.exists("/proc/thread-self/schedstat"):
                         self.assertGreaterEqual(use["run_delay_s"], 0.0)
 
+    def test_gather_parts_of_an_epoch(self):
+        # The split cached gather's host wait for its misses and its read of them, per epoch,
+        # summed over two gathering threads: one lookup a gather, one read of misses where any.
+        rows, dim = self.ds.x.shape
+        with torch_direct.experimental(cached_gather="split"):   # a quarter of the rows cached
+            store = make_feature_store("unified", self.ds.x, "cpu", cache_bytes=rows // 4 * dim * 4,
+                                       degree=torch.arange(rows))
+        for workers in (1, 2):
+            with PipelinedLoader(self.sampler, store, self.ids, 128, labels=self.ds.y, prefetch=2,
+                                 sample_ahead=True, gather_workers=workers) as loader:
+                for _ in range(2):   # each epoch counts its own gathers
+                    n = 0
+                    for b in loader:
+                        self.assertEqual(b.x, self.ds.x[b.n_id])
+                        n += 1
+                    parts = loader.stats()["gather_parts"]
+                    self.assertEqual(set(parts), {"lookup_wait", "misses"}, msg=workers)
+                    self.assertEqual(parts["lookup_wait"]["calls"], n)        # merge_gathers=1: a gather a batch
+                    self.assertTrue(0 < parts["misses"]["calls"] <= n)
+                    self.assertTrue(all(p["s"] >= 0 for p in parts.values()))
+        with self.loader(prefetch=1) as loader:   # no cache: no parts to report
+            list(loader)
+            self.assertEqual(loader.stats()["gather_parts"], {})
+
     def test_same_batches_with_and_without_prefetch(self):
         def epoch(prefetch, ahead=False):
             sampler = NeighborSampler(self.ds.graph, [5, 3], seed=3)

@@ -82,13 +82,20 @@ def thread_medians(epochs: list[dict]) -> dict:
     return {r: {k: median_or_none(e[r][k] for e in epochs) for k in epochs[0][r]} for r in roles}
 
 
+def part_medians(epochs: list[dict]) -> dict:
+    """Per part of the feature store's gathers (each epoch's ``gather_parts``: host seconds and
+    calls), the median over ``epochs`` of each figure, for the parts every epoch has."""
+    return thread_medians(epochs)
+
+
 def _secs(v) -> str:
     return "?" if v is None else f"{v:.3f}"
 
 
 def print_host_side(rows: list[dict]) -> None:
     """Under bench train's table, each run's CPU side: the training step's host time beside its
-    GPU time, the loop's wait for a core, the process's CPU seconds and the loader threads'."""
+    GPU time, the loop's wait for a core, the process's CPU seconds and the loader threads', and
+    the host time of the feature gathers' parts."""
     for r in rows:
         if r["status"] != "ok" or "train_step_host_s" not in r:
             continue
@@ -101,3 +108,8 @@ def print_host_side(rows: list[dict]) -> None:
                             for role, u in (r.get("loader_threads") or {}).items())
         print(f"{r['pipeline']}: process CPU {_secs(r.get('process_cpu_s'))} s in the epoch"
               + (f"; {threads}" if threads else ""))
+        parts = r.get("gather_parts") or {}
+        if parts:
+            print(f"{r['pipeline']}: the feature gathers' parts in the epoch (host seconds summed over the "
+                  "gathering threads, calls): " + ", ".join(f"{name.replace('_', ' ')} {_secs(p['s'])} s "
+                                                            f"({p['calls']:.0f})" for name, p in parts.items()))

@@ -6,12 +6,14 @@ a gather of each part)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
 import torch_direct
 from . import _features
 from .features import FeatureStore, UnifiedFeatureStore, take_rows
+from .timing import Parts
 
 
 # what the fused pass casts between (csrc/aten/RowGather.h)
@@ -76,6 +78,7 @@ class CachedFeatureStore(FeatureStore):
         self.cache = self.cache_scale = self.slot = None
         self.hits = self.lookups = 0
         self._count_lock = threading.Lock()   # gathers of several loader threads count here
+        self.parts = Parts()   # host seconds of parts of its gathers (loader stats: gather_parts)
         if self.cache_rows:
             hot = torch.topk(degree.cpu().float(), self.cache_rows, sorted=False).indices.sort().values
             # the rows as the table holds them, read once (a unified table by the GPU's gather)
@@ -127,7 +130,9 @@ class CachedFeatureStore(FeatureStore):
             return self._read_fused(idx, device)
         idx = idx.to(device, non_blocking=True)
         slot = self.slot[idx]
+        t0 = time.perf_counter()
         miss = torch.nonzero(slot < 0).squeeze(1)   # one sync: the misses' count sizes their gather
+        self.parts.add("lookup_wait", time.perf_counter() - t0)
         with self._count_lock:
             self.hits += idx.numel() - miss.numel()
             self.lookups += idx.numel()
@@ -144,7 +149,9 @@ class CachedFeatureStore(FeatureStore):
             # gather's bounds check waits for the lookup above, which is all its stream holds
             out = torch_direct.gather(self.cache, at, dtype=self.dtype, scale=self.cache_scale, order="as_is")
         if miss.numel():
+            t0 = time.perf_counter()
             out[miss] = self.store.read(idx[miss], device)
+            self.parts.add("misses", time.perf_counter() - t0)
         return out
 
     def _read_fused(self, idx, device):

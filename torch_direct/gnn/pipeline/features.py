@@ -34,12 +34,14 @@ wraps a store as a ``torch_geometric.data.FeatureStore`` when PyG is installed.
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 
 import torch
 
 import torch_direct
 from .pages import feature_pages, table_on_pages
+from .timing import Parts
 
 HYBRID_SPLITS = ("index", "address")
 
@@ -156,6 +158,7 @@ class FeatureStore:
         self.source_dtype = x.dtype
         self.dtype = dtype or (torch.float32 if scale is not None else x.dtype)
         self.scaled = scale is not None
+        self.parts = Parts()   # host seconds of parts of its gathers (loader stats: gather_parts)
 
     @property
     def row_bytes(self) -> int:
@@ -248,8 +251,10 @@ class UnifiedFeatureStore(FeatureStore):
             read, order = torch.sort(flat, descending=True)   # the batch's row i is read's order^-1[i]
         else:
             read, order = flat, None
+        t0 = time.perf_counter()
         got = torch_direct.gather(table, read, max_sms=self.max_sms, cpu_threads=self.cpu_threads,
                                   cpu_fraction=self.cpu_share)
+        self.parts.add("hybrid_gather", time.perf_counter() - t0)   # bounds wait, CPU rows, copies' wait
         if scale is not None:
             got = got.view(self.table.dtype)
         if scale is None and got.dtype == self.dtype:

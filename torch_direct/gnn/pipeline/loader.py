@@ -46,7 +46,7 @@ from ..graph.sampler import seed_batches, seeds_per_shard
 from .features import FeatureStore, check_device
 from .sampling import END, Failure, put, sampling_threads, timed_samples
 from .stages import STAGES, Batch, Stages, batch_tensors  # noqa: F401  (Batch, STAGES: the loader's)
-from .timing import Timer, split_by_busy
+from .timing import Timer, parts_since, split_by_busy
 
 STREAM_PRIORITIES = ("normal", "high")
 
@@ -163,7 +163,7 @@ class _Epoch:
 
     def __init__(self, stages: Stages, seeds: list, prefetch: int):
         self.stages = stages
-        self.timer = Timer(stages.cuda, STAGES, host_floor=True)
+        self.timer, self.gather_parts = Timer(stages.cuda, STAGES, host_floor=True), parts_since(stages.features)
         self.wait = 0.0
         self.batches = 0
         self.done = False
@@ -369,14 +369,15 @@ class PipelinedLoader:
             busy = ep.timer.totals()
             exposed = split_by_busy(ep.wait, busy)
             self._last = {"batches": ep.batches, "wait": ep.wait, "busy": busy, "exposed": exposed,
-                          "threads": ep.timer.threads()}
+                          "threads": ep.timer.threads(), "gather_parts": ep.gather_parts()}
             self._epoch = None
 
     def stats(self) -> dict:
         """Times of the last finished (or stopped) epoch: ``batches``, ``wait`` (seconds the
         loop waited), ``busy`` and ``exposed`` (seconds per stage), ``threads`` (per role of
         the loader's threads, ``sample`` and ``loader``: how many, their CPU seconds and their
-        wait for a core). Ends a running epoch."""
+        wait for a core), ``gather_parts`` (host seconds and calls of named parts of the feature
+        store's gathers in the epoch, summed over the threads). Ends a running epoch."""
         self._finish_epoch()
         return dict(self._last) if self._last else {"batches": 0, "wait": 0.0,
                                                      "busy": dict.fromkeys(STAGES, 0.0),

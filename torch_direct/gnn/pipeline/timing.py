@@ -11,6 +11,49 @@ from pathlib import Path
 import torch
 
 
+class Parts:
+    """Host seconds and calls of named parts of a feature store's gathers, summed over the
+    threads that gather (a lock guards them): where a gathering thread's time goes, such as
+    the wait for a cache lookup's misses or the hybrid gather's call."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._parts: dict = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            s, n = self._parts.get(name, (0.0, 0))
+            self._parts[name] = (s + seconds, n + 1)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return dict(self._parts)
+
+
+def parts_since(store):
+    """A function that gives ``{part: {"s": seconds, "calls": n}}`` of ``store``'s gathers (a
+    cached store's and the store under it) since this call."""
+    def now() -> dict:
+        out, seen = {}, set()
+        st = store
+        while st is not None and id(st) not in seen:
+            seen.add(id(st))
+            if isinstance(getattr(st, "parts", None), Parts):
+                out.update(st.parts.snapshot())
+            st = getattr(st, "store", None)
+        return out
+    start = now()
+
+    def since() -> dict:
+        got = {}
+        for name, (s, n) in now().items():
+            s0, n0 = start.get(name, (0.0, 0))
+            if n > n0:
+                got[name] = {"s": s - s0, "calls": n - n0}
+        return got
+    return since
+
+
 class Timer:
     """Seconds spent in timed sections, summed per key.
 

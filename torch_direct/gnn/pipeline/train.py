@@ -189,13 +189,15 @@ def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
     (``train_step_host_s``) and its thread's CPU time there (``train_step_cpu_s``), and the
     seconds the loop's thread waited for a core in the epoch (``loop_run_delay_s``, None where
     unknown); the loader's threads' CPU seconds and wait for a core, per role
-    (``loader_threads``), and the whole process's CPU seconds in the epoch (``process_cpu_s``:
+    (``loader_threads``), the host seconds and calls of parts of the feature store's gathers
+    (``gather_parts``), and the whole process's CPU seconds in the epoch (``process_cpu_s``:
     against the epoch's wall time times the cores, how busy the CPU was)."""
     total, step, seen = ep["total"], ep["step"], ep["seen"]
     exposed = split_by_busy(max(stats["wait"], total - step), stats["busy"])
     return {"epoch": epoch, "total_s": total, "train_step_s": step, "train_step_host_s": ep["step_host"],
             "train_step_cpu_s": ep["step_cpu"], "loop_run_delay_s": ep["run_delay"], "loader_wait_s": stats["wait"],
             "exposed_s": exposed, "busy_s": stats["busy"], "loader_threads": stats.get("threads", {}),
+            "gather_parts": stats.get("gather_parts", {}),
             "process_cpu_s": ep["process_cpu"], "batches": stats["batches"],
             "loss": ep["loss"] / seen if seen else float("nan"),
             "train_acc": ep["correct"] / seen if seen else float("nan"), "valid_acc": valid_acc}
