@@ -571,8 +571,9 @@ class TestPipelinedLoader(TestCase):
                         self.assertEqual(b.x, self.ds.x[b.n_id])
                         n += 1
                     parts = loader.stats()["gather_parts"]
-                    self.assertEqual(set(parts), {"lookup_wait", "misses"}, msg=workers)
+                    self.assertEqual(set(parts), {"lookup_wait", "hits", "misses"}, msg=workers)
                     self.assertEqual(parts["lookup_wait"]["calls"], n)        # merge_gathers=1: a gather a batch
+                    self.assertEqual(parts["hits"]["calls"], n)
                     self.assertTrue(0 < parts["misses"]["calls"] <= n)
                     self.assertTrue(all(p["s"] >= 0 for p in parts.values()))
         with self.loader(prefetch=1) as loader:   # no cache: no parts to report
