@@ -724,6 +724,21 @@ class TestGatherKernelCUDA(TestCase):
         expected[:10] = 1
         self.assertEqual(y.cpu(), expected)
 
+    @extension_only("_hybrid_parts is a counter of the extension's module")
+    def test_hybrid_parts_count_each_call(self):
+        u = torch.randn(5000, 32).to("unified")
+        idx = torch.randint(0, 5000, (20000,), device="cuda")
+        before = torch_direct._C._hybrid_parts()
+        for frac in (1.0, 0.5):
+            torch_direct.gather(u, idx, cpu_threads=2, cpu_fraction=frac)
+        after = torch_direct._C._hybrid_parts()
+        self.assertEqual(set(after), {"hybrid_bounds_wait", "hybrid_cpu_rows", "hybrid_copy_wait", "hybrid_gpu_wait"})
+        for name, (s, n) in after.items():
+            s0, n0 = before.get(name, (0.0, 0))
+            self.assertEqual(n - n0, 2, msg=name)
+            self.assertGreaterEqual(s, s0, msg=name)
+        self.assertGreater(after["hybrid_cpu_rows"][0], before.get("hybrid_cpu_rows", (0.0, 0))[0])
+
     def test_hybrid(self):
         src = torch.randn(20000, 100).half()
         u = src.to("unified")

@@ -522,6 +522,13 @@ std::map<RateKey, HybridRates>& rates() {
   static std::map<RateKey, HybridRates> r;
   return r;
 }
+HybridParts& parts_so_far() {  // under rates_mutex()
+  static HybridParts p;
+  return p;
+}
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 double fraction_for(const RateKey& key) {
   std::lock_guard<std::mutex> g(rates_mutex());
   const auto it = rates().find(key);
@@ -608,8 +615,10 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   // Writers on other streams are ordered by the caller (wait_stream), as for any CUDA op: waiting
   // here for every stream that ever used the table would wait for unrelated work (a training
   // step on the default stream after a cache was filled there) before each gather.
+  const auto tb = std::chrono::steady_clock::now();
   const IndexStats s = index_stats_cuda(idx, rows);
   check_index_bounds(s.min, s.max, rows, op);
+  const double bounds_wait = seconds_since(tb);
 
   at::Tensor out2d = out.view({n, width});
   cudaEvent_t g0 = nullptr, g1 = nullptr, c1 = nullptr;
@@ -627,6 +636,7 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   // CPU part: entries [0, k) into pinned staging, copied to the GPU on a side
   // stream piece by piece while the next pieces are gathered.
   const auto t0 = std::chrono::steady_clock::now();
+  double copy_wait = 0.0;
   if (k > 0) {
     // sized for the whole index whatever the split, so that the host allocator's cached block
     // serves every later call of this size (a new split would otherwise often mean a new block)
@@ -671,11 +681,14 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
     c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), side);
     C10_CUDA_CHECK(cudaEventRecord(c1, side.stream()));
     C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), c1, 0));
+    const auto tc = std::chrono::steady_clock::now();
     C10_CUDA_CHECK(cudaEventSynchronize(c1));
+    copy_wait = seconds_since(tc);
   }
-  const double t_cpu =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double t_cpu = seconds_since(t0);
+  const auto tg = std::chrono::steady_clock::now();
   C10_CUDA_CHECK(cudaEventSynchronize(g1));
+  const double gpu_wait = seconds_since(tg);
   float gpu_ms = 0;
   C10_CUDA_CHECK(cudaEventElapsedTime(&gpu_ms, g0, g1));
   C10_CUDA_CHECK(cudaEventDestroy(g0));
@@ -684,8 +697,19 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   {
     std::lock_guard<std::mutex> g(rates_mutex());
     record_hybrid_call(rates()[key], n, k, t_cpu, k < n ? gpu_ms * 1e-3 : 0.0);
+    HybridParts& p = parts_so_far();
+    p.calls += 1;
+    p.bounds_wait_s += bounds_wait;
+    p.cpu_rows_s += t_cpu - copy_wait;
+    p.copy_wait_s += copy_wait;
+    p.gpu_wait_s += gpu_wait;
   }
   return f;
+}
+
+HybridParts hybrid_parts() {
+  std::lock_guard<std::mutex> g(rates_mutex());
+  return parts_so_far();
 }
 
 double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes, int64_t table_bytes) {

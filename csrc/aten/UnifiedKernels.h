@@ -170,6 +170,15 @@ TORCH_DIRECT_ATEN_CUDA_API double gather_rows_hybrid(const at::Tensor& table, co
 // table_bytes (rates measured on tables of its size class: below 8 GiB, or 8 GiB and more;
 // kept within [0.05, 0.95]; 0.25 before any measurement).
 TORCH_DIRECT_ATEN_CUDA_API double hybrid_cpu_fraction(c10::DeviceIndex device, int64_t row_bytes, int64_t table_bytes);
+// Host seconds of the parts of every hybrid gather so far, summed over the threads that called
+// it, with the number of calls: the wait for the bounds check ("bounds_wait"), the CPU threads'
+// rows and their copies' launch ("cpu_rows"), the wait for those copies ("copy_wait") and for
+// the GPU part ("gpu_wait").
+struct HybridParts {
+  int64_t calls = 0;
+  double bounds_wait_s = 0, cpu_rows_s = 0, copy_wait_s = 0, gpu_wait_s = 0;
+};
+TORCH_DIRECT_ATEN_CUDA_API HybridParts hybrid_parts();
 
 // Resize the bytes of a unified storage (used by resize_ and the hooks).
 TORCH_DIRECT_ATEN_API void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes);

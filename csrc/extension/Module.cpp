@@ -113,6 +113,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("_hybrid_cpu_fraction", [](int64_t, int64_t, int64_t) { return 0.0; });
 #endif
+  m.def("_hybrid_parts", [] {
+    // {part: (host seconds, calls)} of every hybrid gather so far (none without CUDA)
+    std::map<std::string, std::tuple<double, int64_t>> out;
+#ifdef TORCH_DIRECT_WITH_CUDA
+    const auto p = at::native::unified::hybrid_parts();
+    if (p.calls > 0) {
+      out["hybrid_bounds_wait"] = {p.bounds_wait_s, p.calls};
+      out["hybrid_cpu_rows"] = {p.cpu_rows_s, p.calls};
+      out["hybrid_copy_wait"] = {p.copy_wait_s, p.calls};
+      out["hybrid_gpu_wait"] = {p.gpu_wait_s, p.calls};
+    }
+#endif
+    return out;
+  });
   m.def("_parallel_threads_used", [](int64_t chunks) {
     // How many distinct threads parallel_chunks runs `chunks` chunks on.
     std::mutex mu;
