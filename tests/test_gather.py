@@ -2,6 +2,7 @@
 
 import os
 import re
+import unittest
 from unittest import mock
 
 import torch
@@ -150,6 +151,12 @@ class TestGatherOpsCPU(TestCase):
                          (0, 4))
         with self.assertRaisesRegex(IndexError, "index 0 is out of bounds.*size 0"):
             torch_direct.gather(empty_table, torch.tensor([0]))
+
+
+class TestHybridParts(TestCase):
+    @unittest.skipIf(torch_direct.cuda_available(), "checks the answer without CUDA")
+    def test_no_parts_without_cuda(self):
+        self.assertEqual(torch_direct.hybrid_gather_parts(), {})
 
 
 class TestCpuThreads(TestCase):
@@ -724,14 +731,14 @@ class TestGatherKernelCUDA(TestCase):
         expected[:10] = 1
         self.assertEqual(y.cpu(), expected)
 
-    @extension_only("_hybrid_parts is a counter of the extension's module")
+    @extension_only("the fork keeps no hybrid gather counters")
     def test_hybrid_parts_count_each_call(self):
         u = torch.randn(5000, 32).to("unified")
         idx = torch.randint(0, 5000, (20000,), device="cuda")
-        before = torch_direct._C._hybrid_parts()
+        before = torch_direct.hybrid_gather_parts()
         for frac in (1.0, 0.5):
             torch_direct.gather(u, idx, cpu_threads=2, cpu_fraction=frac)
-        after = torch_direct._C._hybrid_parts()
+        after = torch_direct.hybrid_gather_parts()
         self.assertEqual(set(after), {"hybrid_bounds_wait", "hybrid_cpu_rows", "hybrid_copy_wait", "hybrid_gpu_wait"})
         for name, (s, n) in after.items():
             s0, n0 = before.get(name, (0.0, 0))

@@ -28,7 +28,7 @@ from ._backend import (  # noqa: F401  (on stock torch: registers the device on 
     vehicle,
 )
 
-from ._gather import gather, hybrid_cpu_fraction, quantize_rows_fp8  # noqa: E402
+from ._gather import gather, hybrid_cpu_fraction, hybrid_gather_parts, quantize_rows_fp8  # noqa: E402
 from ._experimental import experimental, get as experimental_setting  # noqa: E402
 
 __version__ = "0.1.0"
@@ -46,6 +46,7 @@ __all__ = [
     "gather",
     "quantize_rows_fp8",
     "hybrid_cpu_fraction",
+    "hybrid_gather_parts",
     "is_unified",
     "memory_stats",
     "pin_inplace",

@@ -33,6 +33,21 @@ def hybrid_cpu_fraction(row_bytes: int, device: int | None = None, table_bytes: 
     return _C._hybrid_cpu_fraction(device, row_bytes, table_bytes)
 
 
+def hybrid_gather_parts() -> dict[str, tuple[float, int]]:
+    """Host seconds and calls of the parts of every hybrid gather (``gather`` with
+    ``cpu_threads``) this process has run, summed over the threads that called it:
+    ``{"hybrid_bounds_wait": (s, calls), ...}`` for the wait for the index's bounds check, the
+    CPU threads' rows with their copies' launch (``hybrid_cpu_rows``), the wait for those
+    copies (``hybrid_copy_wait``) and for the GPU part (``hybrid_gpu_wait``). Empty before the
+    first hybrid gather, without CUDA, and on a fork wheel (which keeps no such counters).
+    Differences between two calls time what ran between them."""
+    try:
+        counters = _C._hybrid_parts
+    except AttributeError:   # a fork wheel's torch_direct._C
+        return {}
+    return {name: (float(s), int(n)) for name, (s, n) in counters().items()}
+
+
 def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | None = None,
            scale: torch.Tensor | None = None, out: torch.Tensor | None = None, order: str = "auto",
            max_sms: int | None = None, cpu_threads: int = 0,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+import torch_direct
+
 
 class Parts:
     """Host seconds and calls of named parts of a feature store's gathers, summed over the
@@ -30,23 +32,11 @@ class Parts:
             return dict(self._parts)
 
 
-def hybrid_parts() -> dict:
-    """``{part: (host seconds, calls)}`` of the process's hybrid gathers so far, from the
-    extension's counters (``hybrid_bounds_wait``, ``hybrid_cpu_rows``, ``hybrid_copy_wait``,
-    ``hybrid_gpu_wait``); none on a fork wheel, which binds no such counters."""
-    import torch_direct
-    try:
-        counters = torch_direct._C._hybrid_parts
-    except AttributeError:
-        return {}
-    return {name: (float(s), int(n)) for name, (s, n) in counters().items()}
-
-
 def parts_since(store):
     """A function that gives ``{part: {"s": seconds, "calls": n}}`` of ``store``'s gathers (a
     cached store's and the store under it, and the process's hybrid gathers) since this call."""
     def now() -> dict:
-        out, seen = hybrid_parts(), set()
+        out, seen = torch_direct.hybrid_gather_parts(), set()
         st = store
         while st is not None and id(st) not in seen:
             seen.add(id(st))
