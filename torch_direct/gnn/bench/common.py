@@ -75,17 +75,12 @@ def median_or_none(values) -> float | None:
     return None if not values or any(v is None for v in values) else statistics.median(values)
 
 
-def thread_medians(epochs: list[dict]) -> dict:
-    """Per role of the loader's threads (each epoch's ``loader_threads``), the median over
-    ``epochs`` of each figure."""
-    roles = [r for r in (epochs[0] if epochs else {}) if all(r in e for e in epochs)]
-    return {r: {k: median_or_none(e[r][k] for e in epochs) for k in epochs[0][r]} for r in roles}
-
-
-def part_medians(epochs: list[dict]) -> dict:
-    """Per part of the feature store's gathers (each epoch's ``gather_parts``: host seconds and
-    calls), the median over ``epochs`` of each figure, for the parts every epoch has."""
-    return thread_medians(epochs)
+def key_medians(epochs: list[dict]) -> dict:
+    """``{key: {figure: value}}`` per epoch (the loader threads' roles in ``loader_threads``, the
+    gathers' parts in ``gather_parts``) to the median over ``epochs`` of each figure, for the
+    keys every epoch has."""
+    keys = [r for r in (epochs[0] if epochs else {}) if all(r in e for e in epochs)]
+    return {r: {k: median_or_none(e[r][k] for e in epochs) for k in epochs[0][r]} for r in keys}
 
 
 def _secs(v) -> str:

@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 
 from .ablation import epoch_seconds
-from .common import (check_writable, default_out, machine_record, median_or_none, part_medians, print_host_side,
-                     print_markdown, run_and_report, thread_medians, write_json)
+from .common import (check_writable, default_out, key_medians, machine_record, median_or_none, print_host_side,
+                     print_markdown, run_and_report, write_json)
 from .targets import add_targets
 from ..pipeline.options import check_machine, positive, resolve_device
 
@@ -154,8 +154,8 @@ def epoch_row(name: str, rec: dict, note: str) -> dict:
            "train_step_cpu_s": statistics.median(e["train_step_cpu_s"] for e in timed),
            "loop_run_delay_s": median_or_none(e["loop_run_delay_s"] for e in timed),
            "process_cpu_s": median_or_none(e["process_cpu_s"] for e in timed),
-           "loader_threads": thread_medians([e["loader_threads"] for e in timed]),
-           "gather_parts": part_medians([e.get("gather_parts", {}) for e in timed]),
+           "loader_threads": key_medians([e["loader_threads"] for e in timed]),
+           "gather_parts": key_medians([e.get("gather_parts", {}) for e in timed]),
            "loader_wait_s": statistics.median(e["loader_wait_s"] for e in timed),
            "exposed_s": exposed, "busy_s": busy, "losses": [e["loss"] for e in epochs],
            "train_acc": [e["train_acc"] for e in epochs], "valid_acc": [e["valid_acc"] for e in epochs],
