@@ -1,6 +1,7 @@
 """The CUDA-graphed training step: padding that changes nothing, capacities, and the runs."""
 
 import contextlib
+import copy
 import io
 import tempfile
 import unittest
@@ -13,7 +14,8 @@ import torch_direct  # noqa: F401
 from common import requires_gpu
 from torch_direct.gnn.graph import NeighborSampler, load_dataset
 from torch_direct.gnn.pipeline import PipelinedLoader, make_feature_store
-from torch_direct.gnn.pipeline.graphed import GraphedStep, PaddedBatch, batch_sizes, eager_step
+from torch_direct.gnn.pipeline import _aggregate
+from torch_direct.gnn.pipeline.graphed import GraphedStep, PaddedBatch, StepTally, batch_sizes, eager_step
 from torch_direct.gnn.pipeline.models import GNN, have_pyg, make_optimizer
 
 
@@ -111,11 +113,90 @@ class TestPadding(_Tiny):
         self.assertFalse(self.padded(big, src_extra=0, edge_extra=0, seeds_extra=1).fits(big))   # no padding row
         self.assertFalse(self.padded(big, seeds_extra=0).fits(big))                               # no padding seed
 
+    def test_fused_fill_writes_what_the_python_ops_write(self):
+        # one C++ call (the default) against the ops one Python call at a time, over buffers that
+        # held a larger batch first, at both index widths
+        big, small = sorted(self.batches(2, batch_size=48), key=lambda b: -b.x.shape[0])[:2]
+        for dtype in (torch.long, torch.int32):
+            with self.subTest(index=dtype):
+                def cast(b):
+                    b2 = copy.copy(b)
+                    b2.adjs = [(ei.to(dtype), eid, size) for ei, eid, size in b.adjs]
+                    return b2
+                filled = []
+                for host in ("fused", "python"):
+                    with torch_direct.experimental(step_host=host):
+                        buf = self.padded(cast(big), edge_extra=23)
+                    self.assertEqual(buf.fused, host == "fused")
+                    buf.fill(cast(big))
+                    buf.fill(cast(small))
+                    filled.append(buf)
+                fused, python = filled
+                self.assertEqual(fused.x, python.x, atol=0, rtol=0)
+                self.assertEqual(fused.y, python.y, atol=0, rtol=0)
+                for e_f, e_p in zip(fused.edges, python.edges):
+                    self.assertEqual(e_f.dtype, dtype)
+                    self.assertEqual(e_f, e_p, atol=0, rtol=0)
+
+    def test_fused_fill_refuses_a_batch_that_does_not_fit_before_writing(self):
+        big, small = sorted(self.batches(2, batch_size=48), key=lambda b: -b.x.shape[0])[:2]
+        buf = self.padded(small)
+        buf.fill(small)
+        before = [buf.x.clone(), buf.y.clone()] + [e.clone() for e in buf.edges]
+        self.assertFalse(buf.fits(big))
+        with self.assertRaisesRegex(RuntimeError, "fill_padded: .*do not fit"):
+            buf.fill(big)
+        # a block whose targets leave no padding row, after blocks that would fit
+        adjs = [(ei, eid, size) for ei, eid, size in small.adjs]
+        ei, eid, size = adjs[-1]
+        with self.assertRaisesRegex(RuntimeError, "leaves no padding row"):
+            _aggregate.fill_padded(buf.x, small.x, buf.edges, [a[0] for a in adjs], buf.ramps, buf.pad_src,
+                                   [int(a[2][1]) for a in adjs[:-1]] + [buf.caps[-1][1]],
+                                   [c[1] for c in buf.caps], buf.y, small.y)
+        with self.assertRaisesRegex(RuntimeError, "one entry per block"):
+            _aggregate.fill_padded(buf.x, small.x, buf.edges, [a[0] for a in adjs[:-1]], buf.ramps, buf.pad_src,
+                                   [1] * len(adjs), [c[1] for c in buf.caps], buf.y, small.y)
+        after = [buf.x, buf.y] + list(buf.edges)
+        for a, b in zip(after, before):
+            self.assertEqual(a, b, atol=0, rtol=0)
+
     def test_mismatched_capacities_are_refused(self):
         with self.assertRaisesRegex(ValueError, "targets but block 1"):
             PaddedBatch([(10, 5, 3), (6, 2, 3)], 2, 4, torch.float32, torch.long, "cpu")
         with self.assertRaisesRegex(ValueError, "labels"):
             PaddedBatch([(10, 5, 3), (5, 2, 3)], 3, 4, torch.float32, torch.long, "cpu")
+
+
+class TestStepTally(TestCase):
+    def test_fused_tally_sums_what_the_python_ops_sum(self):
+        g = torch.Generator().manual_seed(0)
+        steps = [(torch.rand((), generator=g), torch.randn(n, 5, generator=g), torch.randint(-1, 5, (n,), generator=g))
+                 for n in (7, 16, 3)]
+        tallies = []
+        for host in ("fused", "python"):
+            with torch_direct.experimental(step_host=host):
+                t = StepTally("cpu")
+            self.assertEqual(t.fused, host == "fused")
+            for loss, logits, y in steps:
+                t.add(loss, logits, y, y.shape[0])
+            tallies.append(t)
+        fused, python = tallies
+        self.assertEqual(fused.loss, python.loss, atol=0, rtol=0)
+        self.assertEqual(fused.correct, python.correct, atol=0, rtol=0)
+        by_hand = sum(int(((lg.argmax(1) == y) & (y >= 0)).sum()) for _, lg, y in steps)
+        self.assertEqual(int(fused.correct), by_hand)
+        self.assertAlmostEqual(float(fused.loss), sum(float(l) * y.shape[0] for l, _, y in steps), places=5)
+
+    def test_fused_tally_refuses_logits_without_a_row_per_label(self):
+        t = StepTally("cpu")
+        with self.assertRaisesRegex(RuntimeError, "one row per label"):
+            t.add(torch.tensor(1.0), torch.randn(4, 3), torch.zeros(5, dtype=torch.long), 5)
+        self.assertEqual(int(t.correct), 0)
+        self.assertEqual(float(t.loss), 0.0)
+
+    def test_a_bad_setting_is_refused(self):
+        with torch_direct.experimental(step_host="cpp"), self.assertRaisesRegex(ValueError, "step_host must be fused or python, not 'cpp'"):
+            StepTally("cpu")
 
 
 class TestGraphedStep(_Tiny):

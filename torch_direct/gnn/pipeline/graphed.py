@@ -31,6 +31,11 @@ memory pool of its own), used in turn: a batch is copied into one set on a strea
 while the graph of the other set still runs, so the copies leave the training stream's path.
 The copy waits for the batch's own ``ready`` event (set by the pipelined loader; without one,
 for the training stream's work so far) and for the last replay that read that set.
+
+The copy into the buffers is one call into C++ that runs without the GIL (``_aggregate.
+fill_padded``: the same ATen ops), so the training loop takes the GIL once for it instead of
+once an op while the loader's Python threads want it too. The experimental setting
+``step_host=python`` issues the ops one Python call at a time instead, for comparison.
 """
 
 from __future__ import annotations
@@ -39,6 +44,17 @@ import copy
 
 import torch
 import torch.nn.functional as F
+
+import torch_direct
+
+from . import _aggregate
+from .evaluation import correct_count
+
+
+def step_host() -> str:
+    """The experimental setting ``step_host``: ``fused`` (default: a step's host-side copies and
+    tally in one C++ call each, without the GIL) or ``python`` (one Python call an op)."""
+    return torch_direct.experimental_setting("step_host", choices=("fused", "python"), default="fused")
 
 
 def batch_sizes(b) -> tuple[tuple[int, int, int], ...]:
@@ -66,6 +82,7 @@ class PaddedBatch:
         self.edges = [torch.stack([p, torch.full_like(p, c[1] - 1)]) for p, c in zip(self.pad_src, caps)]
         self.y = torch.full((seeds,), -1, dtype=torch.long, device=device)
         self.adjs = [(e, None, (c[0], c[1])) for e, c in zip(self.edges, caps)]
+        self.fused = step_host() == "fused"   # read once: fill runs every step
 
     def fits(self, b) -> bool:
         """Whether batch ``b`` fits: each size within its capacity, with a padding target row left."""
@@ -76,6 +93,10 @@ class PaddedBatch:
 
     def fill(self, b) -> None:
         """Copy batch ``b`` (which :meth:`fits`) into the buffers, its padding reset."""
+        if self.fused:
+            _aggregate.fill_padded(self.x, b.x, self.edges, [ei for ei, _, _ in b.adjs], self.ramps, self.pad_src,
+                                   [int(size[1]) for _, _, size in b.adjs], [c[1] for c in self.caps], self.y, b.y)
+            return
         n = b.x.shape[0]
         self.x[:n].copy_(b.x)
         self.x[n:].zero_()
@@ -92,6 +113,24 @@ class PaddedBatch:
             t.div_(per_row, rounding_mode="floor").neg_().add_(c[1] - 1)
         self.y[:b.batch_size].copy_(b.y)
         self.y[b.batch_size:].fill_(-1)
+
+
+class StepTally:
+    """The loop's running sums over an epoch's steps, on ``device``: the loss times each batch's
+    size (``loss``) and the seeds whose top logit is their label (``correct``). Added to without
+    a host wait, in one call without the GIL (or an op a call under ``step_host=python``)."""
+
+    def __init__(self, device):
+        self.loss = torch.zeros((), device=device)
+        self.correct = torch.zeros((), dtype=torch.long, device=device)
+        self.fused = step_host() == "fused"
+
+    def add(self, loss, logits, y, batch_size: int) -> None:
+        if self.fused:
+            _aggregate.tally_step(self.loss, self.correct, loss, logits, y, batch_size)
+        else:
+            self.loss += loss.detach() * batch_size
+            self.correct += correct_count(logits, y)
 
 
 def eager_step(model, opt, b):

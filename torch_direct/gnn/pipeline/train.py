@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 
 from ..progress import progress
-from .evaluation import correct_count, evaluate, full_test_accuracy, test_ids
-from .graphed import GraphedStep, eager_step
+from .evaluation import evaluate, full_test_accuracy, test_ids
+from .graphed import GraphedStep, StepTally, eager_step
 from .loader import cuda_priority
 from .models import GNN, make_optimizer, model_precision, use_pyg_for
 from .options import add_arguments, check_options, check_paths, resolve_device  # noqa: F401  (add_arguments: the command.s options)
@@ -150,9 +150,9 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     step_model.train()
     steps = Timer(device.type == "cuda")
     eager = lambda b: eager_step(step_model, opt, b)  # noqa: E731
-    correct = seen = 0
+    seen = 0
     cpu = 0.0
-    loss_sum = torch.zeros((), device=device)
+    tally = StepTally(device)
     sync(device)
     p0 = time.process_time()
     t0 = time.perf_counter()
@@ -166,9 +166,8 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
             marked = profiler is not None and profiler.running
             with torch.profiler.record_function(STEP_MARK) if marked else nullcontext():
                 loss, out = (step or eager)(b)
-            loss_sum += loss.detach() * b.batch_size
             # On the device: a host wait here would hold the next step back.
-            correct += correct_count(out, b.y)
+            tally.add(loss, out, b.y, b.batch_size)
             seen += b.batch_size
             steps.stop("step", t)
             cpu += time.thread_time() - c0
@@ -178,7 +177,7 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     process_cpu = time.process_time() - p0
     return {"total": total, "step": steps.total(), "step_host": steps.host_seconds.get("step", 0.0),
             "step_cpu": cpu, "run_delay": steps.threads()["loop"]["run_delay_s"], "process_cpu": process_cpu,
-            "loss": float(loss_sum), "correct": float(correct), "seen": float(seen)}
+            "loss": float(tally.loss), "correct": float(tally.correct), "seen": float(seen)}
 
 
 def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:

@@ -1,0 +1,29 @@
+#pragma once
+// The host side of one training step, as single calls that run without the GIL: the copy of a
+// sampled batch into a graphed step's padded buffers, and the loop's running loss and accuracy
+// tally. Each is the same ATen ops the Python code would issue one call at a time, so that the
+// training loop takes the GIL once for them instead of once an op, beside the loader's Python
+// threads that want it too.
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace torch_direct::aggregate {
+
+// Copies x into x_buf's first rows (the rest zeroed), each block's edges into edges[i]'s first
+// columns (padding edges after them: sources pad_src[i][k:], targets counted down from row
+// dst_caps[i] - 1, grouped by target) and y into y_buf's first entries (the rest -1).
+// block_edges[i] is block i's [2, k] edge index, block_dsts[i] its target count; ramps[i] is
+// arange over edges[i]'s columns. A batch that does not fit is refused before anything is written.
+void fill_padded(at::Tensor x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
+                 const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
+                 const std::vector<at::Tensor>& pad_src, const std::vector<int64_t>& block_dsts,
+                 const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y);
+
+// loss_sum += loss * batch_size; correct += how many labelled entries of y (y >= 0) have their
+// label as the top logit of their row (logits: [len(y), classes]).
+void tally_step(at::Tensor loss_sum, at::Tensor correct, const at::Tensor& loss, const at::Tensor& logits,
+                const at::Tensor& y, int64_t batch_size);
+
+} // namespace torch_direct::aggregate
