@@ -230,6 +230,40 @@ print(json.dumps(out))
         self.assertEqual(out["again"], 8)
         self.assertIn("cpu_pool_size must be concurrent or largest, not 'all'", out["bad"])
 
+    @extension_only("_parallel_concurrent_peak is a test hook of the extension's module")
+    def test_outgrown_pools_give_their_threads_back(self):
+        # The pool grows as more calls run at once (3, then 6, then 9 threads for three callers
+        # of 4 chunks; 12 for four): each pool it outgrew is shut down once its calls end, so the
+        # process keeps one pool's threads, not every size it went through. In a fresh process.
+        import json
+        import subprocess
+        import sys
+        code = """
+import json, os, time, torch_direct
+def threads():
+    # a joined thread can stay listed a moment after its join: the count settles first
+    n, end = len(os.listdir("/proc/self/task")), time.monotonic() + 2
+    while time.monotonic() < end:
+        time.sleep(0.02)
+        n, before = len(os.listdir("/proc/self/task")), n
+        if n == before:
+            break
+    return n
+base = threads()
+peaks = [torch_direct._C._parallel_concurrent_peak(c, 4) for c in (1, 2, 3, 4)]
+grown = threads()
+again = torch_direct._C._parallel_concurrent_peak(2, 4)   # the 12-thread pool serves a smaller load
+print(json.dumps({"peaks": peaks, "again": again, "added": grown - base, "after": threads() - base}))
+"""
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        self.assertEqual(out["peaks"], [4, 8, 12, 16])   # every call got its threads
+        self.assertEqual(out["again"], 8)
+        # the newest pool's 12 threads; keeping the outgrown ones would add 3 + 3 + 6 + 3 + 6 + 9 more
+        self.assertEqual(out["added"], 12)
+        self.assertEqual(out["after"], 12)
+
     @extension_only("_parallel_thread_nices is a test hook of the extension's module")
     def test_cpu_pool_nice_makes_the_pool_threads_nicer_than_their_caller(self):
         # In a process of its own: the pool's threads keep a niceness once given.

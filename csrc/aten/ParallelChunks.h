@@ -17,8 +17,9 @@
 // threads that each gather with 6 threads get 5 pool threads each, not 5
 // between them (a pool sized to the largest call queued one call's chunks
 // behind the other's, so that each ran on about 3.5 threads). The pool grows
-// to the most threads that running calls have asked for together; outgrown
-// pools stay alive, idle. The experimental cpu_pool_size=largest sizes it to
+// to the most threads that running calls have asked for together; an
+// outgrown pool is shut down (its threads joined) once the last call that
+// runs on it ends, so that a process keeps one pool's threads. The experimental cpu_pool_size=largest sizes it to
 // the largest single call instead, as before (for experiments).
 //
 // With the experimental cpu_pool_nice=k, the pool's threads that run a call's
@@ -37,6 +38,7 @@
 #include <exception>
 #include <mutex>
 #include <new>
+#include <unordered_map>
 
 #include <pthread.h>
 #include <sys/resource.h>
@@ -52,8 +54,10 @@ namespace at::native::unified {
 
 struct ChunkPoolState {
   std::mutex m;
-  c10::ThreadPool* pool = nullptr;
-  int64_t running = 0;  // pool threads asked for by the calls running now
+  c10::ThreadPool* pool = nullptr;  // the newest: new calls run on it
+  int64_t running = 0;              // pool threads asked for by the calls running now
+  // calls running on each pool (the newest and outgrown ones still in use)
+  std::unordered_map<c10::ThreadPool*, int64_t> users;
 };
 
 inline ChunkPoolState& chunk_pool_state() {
@@ -64,8 +68,9 @@ inline ChunkPoolState& chunk_pool_state() {
     pthread_atfork(nullptr, nullptr, [] {
       auto* child = &chunk_pool_state();
       new (&child->m) std::mutex();
-      child->pool = nullptr;  // the parent's pool object is leaked in the child
+      child->pool = nullptr;  // the parent's pool objects are leaked in the child
       child->running = 0;
+      new (&child->users) std::unordered_map<c10::ThreadPool*, int64_t>();
     });
     return st;
   }();
@@ -89,23 +94,45 @@ inline bool pool_sized_to_largest_call() {
 
 // A call's claim on `workers` pool threads, held while its chunks run: the pool
 // it gives has at least as many threads as the calls holding claims asked for
-// together (never destroyed: no teardown at exit).
+// together. A pool that a larger one replaced is deleted (its idle threads
+// joined) when its last claim ends, outside the lock; the newest pool is never
+// deleted (no teardown at exit). Claims are made on calling threads only (a
+// pool thread's nested call runs inline), so no pool joins its own thread.
 class PoolClaim {
  public:
   PoolClaim(int64_t workers, bool largest_only) : workers_(workers) {
     ChunkPoolState& st = chunk_pool_state();
-    std::lock_guard<std::mutex> g(st.m);
-    st.running += workers_;
-    const int64_t want = largest_only ? workers_ : st.running;
-    if (st.pool == nullptr || static_cast<int64_t>(st.pool->size()) < want) {
-      st.pool = new c10::ThreadPool(static_cast<int>(want), -1, [] { in_chunk_worker() = true; });
+    c10::ThreadPool* outgrown = nullptr;
+    {
+      std::lock_guard<std::mutex> g(st.m);
+      st.running += workers_;
+      const int64_t want = largest_only ? workers_ : st.running;
+      if (st.pool == nullptr || static_cast<int64_t>(st.pool->size()) < want) {
+        if (st.pool != nullptr && st.users.count(st.pool) == 0) {
+          outgrown = st.pool;  // idle: nothing runs on it
+        }
+        st.pool = new c10::ThreadPool(static_cast<int>(want), -1, [] { in_chunk_worker() = true; });
+      }
+      pool_ = st.pool;
+      ++st.users[pool_];
     }
-    pool_ = st.pool;
+    delete outgrown;
   }
   ~PoolClaim() {
     ChunkPoolState& st = chunk_pool_state();
-    std::lock_guard<std::mutex> g(st.m);
-    st.running -= workers_;
+    c10::ThreadPool* outgrown = nullptr;
+    {
+      std::lock_guard<std::mutex> g(st.m);
+      st.running -= workers_;
+      auto it = st.users.find(pool_);
+      if (--it->second == 0) {
+        st.users.erase(it);
+        if (pool_ != st.pool) {
+          outgrown = pool_;
+        }
+      }
+    }
+    delete outgrown;
   }
   PoolClaim(const PoolClaim&) = delete;
   PoolClaim& operator=(const PoolClaim&) = delete;
