@@ -76,7 +76,7 @@ def main(out_path):
             "gather": lambda: torch_direct.gather(u, idx),
             "gather_sorted": lambda: torch_direct.gather(u, idx_sorted),
             "gather_as_is": lambda: torch_direct.gather(u, idx, order="as_is"),
-            "c_call": lambda: _C._gather_rows_cuda(u, idx, out, 0, 0),
+            "c_call": lambda: _C._gather_rows_cuda(u, idx, out, 0, 0, None),
             "cuda_table": lambda: torch_direct.gather(resident, idx_res),
             "empty_launch": lambda: torch.empty(n, width, device="cuda").zero_(),
             "cpu_centric": cpu_centric,

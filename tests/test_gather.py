@@ -27,6 +27,32 @@ class GatherChecks:
             self.assertEqual(y.device.type, self.device)
             self.assertEqual(y.cpu(), src[i.cpu()])
 
+    def test_index_bounds_given_by_the_caller(self):
+        # Bounds the caller states (an index it made itself) give the same rows; bad bounds are
+        # refused before anything is written, and on the CPU every index is still checked.
+        src = torch.randn(60, 9)
+        u = src.to("unified")
+        i = self.idx([5, 0, 59, 5, 31])
+        for bounds in ((0, 59), [0, 59], (5, 59)):
+            self.assertEqual(torch_direct.gather(u, i, index_bounds=bounds).cpu(), src[i.cpu()])
+        self.assertEqual(torch_direct.gather(u, i, dtype=torch.float16, index_bounds=(0, 59)).cpu(),
+                         src[i.cpu()].half())
+        q, scale = torch_direct.quantize_rows_fp8(src, compute="cpu")
+        got = torch_direct.gather(q.to("unified"), i, scale=scale.to("unified"), index_bounds=(0, 59))
+        self.assertEqual(got.cpu(), fp8_reference(q, scale, i.cpu()), atol=0, rtol=0)
+        out = torch.full((5, 9), 7.0, device=self.device)
+        for bad, err, msg in (((-1, 3), ValueError, r"0 <= lo <= hi, got \(-1, 3\)"),
+                              ((4, 3), ValueError, r"0 <= lo <= hi, got \(4, 3\)"),
+                              ((0, 60), IndexError, "hi 60 is out of bounds for a table of 60 rows"),
+                              ((0,), TypeError, "a pair of ints"), ((0.0, 3), TypeError, "a pair of ints"),
+                              ((True, 3), TypeError, "a pair of ints")):
+            with self.subTest(bounds=bad), self.assertRaisesRegex(err, msg):
+                torch_direct.gather(u, i, out=out, index_bounds=bad)
+            self.assertTrue(bool((out == 7).all()))
+        if self.device == "cpu":
+            with self.assertRaisesRegex(IndexError, "out of bounds"):
+                torch_direct.gather(u, self.idx([3, 60]), index_bounds=(0, 59))
+
     def test_fused_cast(self):
         src = torch.randn(40, 5).half()
         u = src.to("unified")

@@ -387,6 +387,43 @@ class TestFeatureStores(TestCase):
                 self.assertEqual(got, want, atol=0, rtol=0, msg=str((x.dtype, dtype, split)))
                 self.assertEqual(store._read_hybrid(idx[:0], cpu).shape, (0, 100, x.shape[1]))
 
+    def test_store_index_bounds_setting(self):
+        # store_index_bounds=known passes the bounds of the stores' own indices to gather (the
+        # cache's slots, the hybrid read's permutation): the same rows, bit for bit, as checked;
+        # a value that is not a mode is refused.
+        cpu = torch.device("cpu")
+        idx = torch.randint(0, 500, (30, 100))
+        q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
+        for x, kw in ((self.x, {}), (q, {"scale": scale})):
+            want = make_feature_store("unified", x, "cpu", **kw).gather(idx.reshape(-1)).view(30, 100, -1)
+            with torch_direct.experimental(store_index_bounds="known"):
+                store = make_feature_store("unified", x, "cpu", **kw)
+                cached = make_feature_store("unified", x, "cpu", cache_bytes=100 * 64, degree=torch.arange(500), **kw)
+            self.assertTrue(store.known_bounds)
+            self.assertEqual(cached._slot_bounds, (0, cached.cache_rows - 1))
+            self.assertEqual(store._read_hybrid(idx, cpu), want, atol=0, rtol=0)
+            self.assertEqual(cached.gather(idx.reshape(-1)), want.view(3000, -1), atol=0, rtol=0)
+        self.assertFalse(make_feature_store("unified", self.x, "cpu").known_bounds)
+        with torch_direct.experimental(store_index_bounds="trusted"):
+            with self.assertRaisesRegex(ValueError, "store_index_bounds must be checked or known, not 'trusted'"):
+                make_feature_store("unified", self.x, "cpu")
+
+    @requires_gpu
+    def test_store_index_bounds_on_the_gpu(self):
+        # the cache's hits and the hybrid read's cast gathered with the bounds the stores know,
+        # without a pass over those indices: the same rows as checked gathers
+        idx = torch.randint(0, 500, (3000,)).cuda()
+        q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
+        cache = {"cache_bytes": 100 * 16, "degree": torch.arange(500)}
+        for x, kw, want in ((self.x.half(), {}, self.x.half()[idx.cpu()].float()),
+                            (q, {"scale": scale}, fp8_reference(q, scale, idx.cpu()))):
+            for split in ("index", "address"):
+                with torch_direct.experimental(store_index_bounds="known", hybrid_split=split):
+                    store = make_feature_store("unified", x, "cuda", torch.float32, cpu_threads=2, **kw, **cache)
+                self.assertEqual(store._slot_bounds, (0, store.cache_rows - 1))
+                for _ in range(3):
+                    self.assertEqual(store.gather(idx).cpu(), want, atol=0, rtol=0, msg=str((x.dtype, split)))
+
     @requires_gpu
     def test_hybrid_gathers_keep_rows(self):
         # CPU threads take a share of each gather (with and without the cache, with a cast from

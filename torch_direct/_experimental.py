@@ -55,6 +55,9 @@ SETTINGS = {
     "gil_switch_us": "int >= 1: the GIL's switch interval, in microseconds, while `train` and `bench train` train "
                      "(how long a thread that wants the GIL waits before it asks the holder to drop it; default: "
                      "unset, Python's 5000)",
+    "store_index_bounds": "checked | known: known = the GNN feature stores pass gather the bounds of the indices "
+                          "they make themselves (the cache's slots, the hybrid gather's reordering), which spares "
+                          "the CUDA gather its pass over them and its wait for the stream (default: checked)",
     "step_host": "fused | python: python = the graphed step's copy of each batch into its padded buffers and "
                  "the training loop's loss and accuracy tally issue their ATen ops one Python call at a time "
                  "(default: fused: one C++ call each, without the GIL)",

@@ -51,7 +51,7 @@ def hybrid_gather_parts() -> dict[str, tuple[float, int]]:
 def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | None = None,
            scale: torch.Tensor | None = None, out: torch.Tensor | None = None, order: str = "auto",
            max_sms: int | None = None, cpu_threads: int = 0,
-           cpu_fraction: float | None = None) -> torch.Tensor:
+           cpu_fraction: float | None = None, index_bounds: tuple[int, int] | None = None) -> torch.Tensor:
     """Return ``table[index]`` cast to ``dtype``, on ``index``'s device.
 
     ``table`` is typically a unified tensor (host memory read in place);
@@ -87,6 +87,17 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
     size class (below 8 GiB or not; see :func:`hybrid_cpu_fraction`), or is
     ``cpu_fraction`` when given. A hybrid call returns when its rows are on
     the GPU. ``cpu_threads=0`` (the default) is purely GPU-centric.
+
+    ``index_bounds=(lo, hi)`` states that every value of ``index`` lies in
+    ``[lo, hi]`` (``0 <= lo <= hi``), as for an index the caller made itself (an
+    arange, a clamp). On a CUDA index the GPU gather then checks those bounds
+    against the table instead of passing over the index, and does not wait for
+    the stream. An index outside them is then not detected: the kernel still
+    reads no row outside the table (it skips such an entry, leaving its output
+    row unwritten), so pass only bounds that hold by construction. ``order="auto"`` then sorts any
+    index of 4096 or more entries (its order is not measured). Elsewhere (a
+    CPU index, a hybrid gather, which waits for its index anyway) the bounds
+    are checked against the table and every index is checked as usual.
     """
     if not isinstance(table, torch.Tensor) or not isinstance(index, torch.Tensor):
         raise TypeError("gather(table, index): both must be tensors, got "
@@ -105,6 +116,7 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
         raise ValueError(f"gather: cpu_threads must be an int >= 0, got {cpu_threads!r}")
     if cpu_fraction is not None and not 0.0 <= float(cpu_fraction) <= 1.0:
         raise ValueError(f"gather: cpu_fraction must be within [0, 1], got {cpu_fraction!r}")
+    bounds = _check_index_bounds(index_bounds, table)
     if scale is not None:
         _check_scale(table, index, scale, dtype, cpu_threads)
         dtype = dtype or (out.dtype if out is not None else torch.float32)
@@ -132,7 +144,7 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
         if (index.device.type == "cuda" and rows_contiguous and _C._built_with_cuda()
                 and (table.device.type == "unified" or table.device == index.device)):
             _C._gather_rows_scaled_cuda(table, flat, out.view(-1, *table.shape[1:]), scale.contiguous(),
-                                        _ORDERS[order], max_sms or 0)
+                                        _ORDERS[order], max_sms or 0, bounds)
             return out
         # elsewhere: the float8 rows as they are, then upcast and scaled where they landed
         rows = gather(table, index, order=order, max_sms=max_sms)
@@ -151,7 +163,7 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
             _C._gather_rows_hybrid(table, flat, target, cpu_threads, frac, _ORDERS[order],
                                    max_sms or 0)
         else:
-            _C._gather_rows_cuda(table, flat, target, _ORDERS[order], max_sms or 0)
+            _C._gather_rows_cuda(table, flat, target, _ORDERS[order], max_sms or 0, bounds)
         if target is not out:
             out.copy_(target)
         return out
@@ -162,6 +174,22 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
         rows = torch.index_select(table, 0, flat)
     out.copy_(rows.view(shape))
     return out
+
+
+def _check_index_bounds(bounds, table) -> list[int] | None:
+    """``index_bounds`` as the CUDA gathers take it, refused unless it is two ints with
+    0 <= lo <= hi < the table's rows."""
+    if bounds is None:
+        return None
+    if (not isinstance(bounds, (tuple, list)) or len(bounds) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in bounds)):
+        raise TypeError(f"gather: index_bounds must be a pair of ints (lo, hi), got {bounds!r}")
+    lo, hi = bounds
+    if not 0 <= lo <= hi:
+        raise ValueError(f"gather: index_bounds must satisfy 0 <= lo <= hi, got ({lo}, {hi})")
+    if hi >= table.shape[0]:
+        raise IndexError(f"gather: index_bounds' hi {hi} is out of bounds for a table of {table.shape[0]} rows")
+    return [lo, hi]
 
 
 def _check_scale(table, index, scale, dtype, cpu_threads) -> None:

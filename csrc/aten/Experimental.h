@@ -39,6 +39,7 @@ constexpr const char* kSettings[] = {
     "cpu_pool_nice",        // int 0-19: the CPU thread pool's workers run this much nicer than their caller
     "cpu_pool_size",        // concurrent | largest: the CPU thread pool holds all running calls' threads, or one call's
     "gil_switch_us",        // int >= 1: the GIL's switch interval while the GNN stack trains (Python)
+    "store_index_bounds",   // checked | known: the GNN feature stores pass gather their own indices' bounds (Python)
     "step_host",            // fused | python: a training step's host-side copies and tally in one call (Python)
 };
 

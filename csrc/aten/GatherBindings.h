@@ -17,7 +17,20 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
+#include <vector>
+
 namespace torch_direct {
+
+#if defined(TORCH_DIRECT_WITH_CUDA) || defined(USE_CUDA)
+inline std::optional<at::native::unified::IndexStats> known_bounds(const std::optional<std::vector<int64_t>>& b) {
+  if (!b) {
+    return std::nullopt;
+  }
+  TORCH_CHECK(b->size() == 2, "gather: index bounds are (lo, hi), got ", b->size(), " values");
+  return at::native::unified::IndexStats{(*b)[0], (*b)[1], false};
+}
+#endif
 
 inline void bind_gathers(pybind11::module& m) {
   namespace native = at::native::unified;
@@ -26,17 +39,21 @@ inline void bind_gathers(pybind11::module& m) {
     return native::gather_rows_cpu(table, index, out);
   }, no_gil());
 #if defined(TORCH_DIRECT_WITH_CUDA) || defined(USE_CUDA)
+  // bounds: none, or (lo, hi) that the caller guarantees for every index value (gather's index_bounds)
   m.def("_gather_rows_cuda", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out,
-                                int64_t order, int64_t max_sms) {
+                                int64_t order, int64_t max_sms, std::optional<std::vector<int64_t>> bounds) {
     TORCH_CHECK(order >= 0 && order <= 2, "gather: bad order code");
+    const auto known = known_bounds(bounds);
     return native::gather_rows_cuda(table, index, out, static_cast<native::GatherOrder>(order),
-                                    max_sms, "gather");
+                                    max_sms, "gather", /*allow_negative=*/true, known ? &*known : nullptr);
   }, no_gil());
   m.def("_gather_rows_scaled_cuda", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out,
-                                       const at::Tensor& scale, int64_t order, int64_t max_sms) {
+                                       const at::Tensor& scale, int64_t order, int64_t max_sms,
+                                       std::optional<std::vector<int64_t>> bounds) {
     TORCH_CHECK(order >= 0 && order <= 2, "gather: bad order code");
+    const auto known = known_bounds(bounds);
     return native::gather_rows_scaled_cuda(table, index, out, scale, static_cast<native::GatherOrder>(order),
-                                           max_sms, "gather");
+                                           max_sms, "gather", known ? &*known : nullptr);
   }, no_gil());
   m.def("_gather_rows_hybrid", [](const at::Tensor& table, const at::Tensor& index, at::Tensor out,
                                   int64_t cpu_threads, double cpu_fraction, int64_t order,

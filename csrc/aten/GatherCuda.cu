@@ -537,9 +537,19 @@ double fraction_for(const RateKey& key) {
 
 } // namespace
 
+// The index's stats: those the caller guarantees (no pass, no wait), or measured.
+IndexStats stats_for(const at::Tensor& idx, int64_t rows, const IndexStats* known, const char* op) {
+  if (known == nullptr) {
+    return index_stats_cuda(idx, rows);
+  }
+  TORCH_CHECK(known->min >= 0 && known->min <= known->max, op, ": index bounds must satisfy 0 <= lo <= hi, got (",
+              known->min, ", ", known->max, ")");
+  return IndexStats{known->min, known->max, /*sorted=*/false};
+}
+
 at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                              GatherOrder order, int64_t max_sms, const char* op,
-                             bool allow_negative) {
+                             bool allow_negative, const IndexStats* known) {
   check_gather_settings();
   check_gather_args(table, index, out, op);
   if (index.numel() == 0) {
@@ -547,7 +557,7 @@ at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, a
   }
   c10::cuda::CUDAGuard guard(index.device());
   const at::Tensor idx = index.contiguous();
-  const IndexStats s = index_stats_cuda(idx, table.size(0));
+  const IndexStats s = stats_for(idx, table.size(0), known, op);
   check_index_bounds(s.min, s.max, table.size(0), op, allow_negative);  // before any read
   launch_gather(table, idx, out, order, max_sms, s);
   return out;
@@ -555,7 +565,7 @@ at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, a
 
 at::Tensor& gather_rows_scaled_cuda(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                                     const at::Tensor& scale, GatherOrder order, int64_t max_sms,
-                                    const char* op) {
+                                    const char* op, const IndexStats* known) {
   check_gather_settings();
   check_gather_args(table, index, out, op);
   TORCH_CHECK(table.scalar_type() == at::kFloat8_e4m3fn, op,
@@ -574,7 +584,7 @@ at::Tensor& gather_rows_scaled_cuda(const at::Tensor& table, const at::Tensor& i
   }
   c10::cuda::CUDAGuard guard(index.device());
   const at::Tensor idx = index.contiguous();
-  const IndexStats s = index_stats_cuda(idx, table.size(0));
+  const IndexStats s = stats_for(idx, table.size(0), known, op);
   check_index_bounds(s.min, s.max, table.size(0), op, /*allow_negative=*/true);  // before any read
   const at::Tensor dev_scale = is_unified(scale) ? alias_as(scale, idx.device()) : scale;
   launch_gather(table, idx, out, order, max_sms, s, dev_scale.const_data_ptr<float>());

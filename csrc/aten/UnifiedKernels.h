@@ -144,17 +144,21 @@ TORCH_DIRECT_ATEN_CUDA_API IndexStats index_stats_cuda(const at::Tensor& index, 
 // index's GPU), cast to out's dtype (any floating pair, float8_e4m3fn to a
 // floating type, or equal dtypes).
 // Raises IndexError before any read if an index is out of range. max_sms > 0
-// caps the SMs used.
+// caps the SMs used. `known` (lo >= 0, hi): bounds the caller guarantees for
+// every index value, checked against the table on the host instead of by a pass
+// over the index and a wait for the stream (an index outside the table is then
+// not raised: the kernel skips it, its output row unwritten); the index counts
+// as unsorted.
 TORCH_DIRECT_ATEN_CUDA_API at::Tensor& gather_rows_cuda(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                              GatherOrder order, int64_t max_sms, const char* op,
-                             bool allow_negative = true);
+                             bool allow_negative = true, const IndexStats* known = nullptr);
 TORCH_DIRECT_ATEN_CUDA_API bool gather_cuda_can_cast(c10::ScalarType from, c10::ScalarType to);
 // out[i] = table[index[i]] * scale[index[i]]: a float8_e4m3fn table's rows upcast to out's
 // dtype (float32, float16 or bfloat16) and scaled by their row's float32 scale (unified or
-// on the index's GPU) in the gather kernel itself. Same checks and order as gather_rows_cuda.
+// on the index's GPU) in the gather kernel itself. Same checks, order and `known` as gather_rows_cuda.
 TORCH_DIRECT_ATEN_CUDA_API at::Tensor& gather_rows_scaled_cuda(const at::Tensor& table, const at::Tensor& index,
                                     at::Tensor& out, const at::Tensor& scale, GatherOrder order,
-                                    int64_t max_sms, const char* op);
+                                    int64_t max_sms, const char* op, const IndexStats* known = nullptr);
 // Elements per row of a gather table: the product of the sizes after the
 // first (also for a table with no rows). GatherCpu.cpp.
 TORCH_DIRECT_ATEN_API int64_t row_width(const at::Tensor& table);

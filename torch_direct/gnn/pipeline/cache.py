@@ -12,7 +12,7 @@ import torch
 
 import torch_direct
 from . import _features
-from .features import FeatureStore, UnifiedFeatureStore, take_rows
+from .features import FeatureStore, UnifiedFeatureStore, store_index_bounds, take_rows
 from .timing import Parts
 
 
@@ -90,6 +90,8 @@ class CachedFeatureStore(FeatureStore):
             self.slot[hot.to(self.device)] = torch.arange(self.cache_rows, dtype=torch.int32, device=self.device)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)   # gathers on side streams read the cache
+        # the slots a lookup clamps lie in [0, cache_rows): bounds known by construction
+        self._slot_bounds = (0, self.cache_rows - 1) if self.cache_rows and store_index_bounds() else None
         self._fused = self._fused_source() if self.cache_rows and cached_gather_mode() == "fused" else None
         # misses and rows outside the table, counted by the fused pass on the device
         self._counts = torch.zeros(2, dtype=torch.int64, device=self.device) if self._fused else None
@@ -148,7 +150,8 @@ class CachedFeatureStore(FeatureStore):
             # written, where index_select and then a cast write the batch's rows twice (a float8
             # batch's through float32 buffers: four passes over the batch on the device); the
             # gather's bounds check waits for the lookup above, which is all its stream holds
-            out = torch_direct.gather(self.cache, at, dtype=self.dtype, scale=self.cache_scale, order="as_is")
+            out = torch_direct.gather(self.cache, at, dtype=self.dtype, scale=self.cache_scale, order="as_is",
+                                      index_bounds=self._slot_bounds)
         self.parts.add("hits", time.perf_counter() - t0)   # on a GPU, the gather's wait for its bounds check
         if miss.numel():
             t0 = time.perf_counter()

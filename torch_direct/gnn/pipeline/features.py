@@ -46,6 +46,14 @@ from .timing import Parts
 HYBRID_SPLITS = ("index", "address")
 
 
+def store_index_bounds() -> bool:
+    """The experimental setting store_index_bounds: "checked" (unset: the default) or "known"
+    (the stores pass gather the bounds of the indices they make themselves: no pass over them
+    and no wait for the stream)."""
+    return torch_direct.experimental_setting("store_index_bounds", choices=("checked", "known"),
+                                             default="checked") == "known"
+
+
 def hybrid_split() -> str:
     """The experimental setting hybrid_split: "index" (unset: the default) or "address"."""
     return torch_direct.experimental_setting("hybrid_split", choices=HYBRID_SPLITS, default="index")
@@ -213,6 +221,7 @@ class UnifiedFeatureStore(FeatureStore):
         self.max_sms = max_sms
         self.cpu_threads = cpu_threads if self.device.type == "cuda" else 0  # the CPU path has no GPU share
         self.hybrid_split = hybrid_split()
+        self.known_bounds = store_index_bounds()
         pages = feature_pages()
         if x.device.type == "unified" and (pages == "small" or pin_inplace):
             self.table = x
@@ -267,8 +276,10 @@ class UnifiedFeatureStore(FeatureStore):
             # where a scatter and an upcast through float32 would write them three or four times
             ramp = torch.arange(got.shape[0], device=got.device)
             at = ramp if order is None else torch.empty_like(ramp).scatter_(0, order, ramp)  # the sort's inverse
+            # `at` is a permutation of 0 .. n-1: known bounds (store_index_bounds=known) spare the
+            # gather its pass over them and its wait for the stream
             rows = torch_direct.gather(got, at, dtype=self.dtype, scale=None if scale is None else scale[read],
-                                       order="as_is")
+                                       order="as_is", index_bounds=(0, got.shape[0] - 1) if self.known_bounds else None)
         return rows.view(*idx.shape, *rows.shape[1:])
 
     def stats(self) -> dict:

@@ -245,13 +245,14 @@ def check_options(args, device) -> None:
     (one line each, naming the option)."""
     import torch_direct
 
-    from .features import hybrid_split
+    from .features import hybrid_split, store_index_bounds
     from .graphed import step_host
     from .pages import feature_pages
     hybrid_split()            # refuses a setting that is not one of its splits
     pages = feature_pages()   # refuses a setting that is not one of its pages
     experimental_int("gil_switch_us", 1)
     step_host()               # refuses a setting that is not fused or python
+    store_index_bounds()      # refuses a setting that is not checked or known
     experimental_int("cpu_pool_nice", 0, 19)   # read by the C++ pool at its first use: refused here first
     torch_direct.experimental_setting("cpu_pool_size", choices=("concurrent", "largest"))  # read by the C++ pool
     torch_direct.experimental_setting("cpu_gather_stores", choices=("plain", "streaming"))  # by the CPU gather
