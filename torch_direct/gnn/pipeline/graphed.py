@@ -118,7 +118,7 @@ class PaddedBatch:
 class StepTally:
     """The loop's running sums over an epoch's steps, on ``device``: the loss times each batch's
     size (``loss``) and the seeds whose top logit is their label (``correct``). Added to without
-    a host wait, in one call without the GIL (or an op a call under ``step_host=python``)."""
+    a host wait, in one call without the GIL (under ``step_host=python``, a Python call an op)."""
 
     def __init__(self, device):
         self.loss = torch.zeros((), device=device)
