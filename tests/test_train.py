@@ -139,6 +139,17 @@ class TestTrain(TestCase):
         with self.assertRaisesRegex(ValueError, "--sampler-batches applies to the GPU sampler"):
             self.quiet_run("--epochs", "1", "--device", "cpu", "--sampler-batches", "4")
 
+    def test_step_host_tallies_the_same(self):
+        # The loop's loss and accuracy tally in one C++ call (the default) or op by op
+        # (step_host=python): the same epoch record, bit for bit.
+        recs = []
+        for host in ("fused", "python"):
+            with torch_direct.experimental(step_host=host):
+                recs.append(self.quiet_run("--epochs", "2", "--device", "cpu")[0])
+        for a, b in zip(recs[0]["epochs"], recs[1]["epochs"]):
+            self.assertEqual((a["loss"], a["train_acc"]), (b["loss"], b["train_acc"]))
+        self.assertGreater(recs[0]["epochs"][0]["train_acc"], 0.0)   # a tally that counted something
+
     def test_profile_writes_the_top_operators(self):
         n_train = self.ds.split["train"].numel()
         bs = max(1, n_train // 40)                      # about 40 steps: steps 10-29 are profiled
