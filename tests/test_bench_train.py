@@ -98,6 +98,19 @@ class _Tiny(TinyDatasetCase):
         return lambda *a, **kw: FakeNeighborLoader(graph, *a, counts=counts, **kw)
 
 
+class TestHostSideLines(TestCase):
+    def test_the_gil_probe_is_printed_where_measured(self):
+        from torch_direct.gnn.bench.common import print_host_side
+        row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
+               "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
+               "gather_parts": {}, "loop_gil_wait_ms": 1.2345}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            print_host_side([row, dict(row, pipeline="gpu_resident", loop_gil_wait_ms=None)])
+        self.assertIn("unified: the loop took 1.234 ms on average to get the GIL back after letting it go", out.getvalue())
+        self.assertNotIn("gpu_resident: the loop took", out.getvalue())
+
+
 class TestBenchTrainCPU(_Tiny):
     """One run of every pipeline on the CPU, shared by the checks below."""
 
@@ -143,6 +156,9 @@ class TestBenchTrainCPU(_Tiny):
             self.assertGreater(r["process_cpu_s"], r["train_step_cpu_s"])
             self.assertEqual(r["loader_threads"]["loader"]["threads"], 1)
             self.assertIn(f"{name}: process CPU {r['process_cpu_s']:.3f} s in the epoch; ", self.out)
+            # the loop's wait to get the GIL back: sampled every 8th step, which these short epochs lack
+            self.assertIsNone(r["loop_gil_wait_ms"])
+            self.assertNotIn(f"{name}: the loop took", self.out)
             # the whole run (loading, both epochs, evaluation) outlasts its epochs, and is printed
             self.assertGreater(r["run_s"], sum(r["epoch_times_s"]))
             self.assertIn(f"{name}: epoch {r['epoch_s']:.3f} s ({r['run_s']:.0f} s in all)", self.err)

@@ -221,6 +221,38 @@ class TestTrain(TestCase):
         if os.path.exists("/proc/thread-self/schedstat"):
             self.assertGreaterEqual(ep["run_delay"], 0.0)
             self.assertEqual(rec["loop_run_delay_s"], ep["run_delay"])
+        self.assertIsNone(rec["loop_gil_wait_ms"])   # 3 steps: no 8th step sampled
+        ep = train.train_epoch(model, None, [B()] * 16, cpu, False, "t", step=lambda b: (torch.tensor(1.0), out))
+        self.assertGreaterEqual(ep["gil_ms"], 0.0)   # steps 8 and 16 sampled
+        self.assertEqual(train.epoch_record(1, ep, {"wait": 0.0, "busy": {}, "batches": 16}, 0.5)["loop_gil_wait_ms"],
+                         ep["gil_ms"])
+
+    def test_gil_probe_times_getting_the_gil_back(self):
+        # Behind a thread that runs Python without letting the GIL go, getting it back takes the
+        # switch interval (20 ms here); every tick but each every-th one costs nothing.
+        import sys
+        from torch_direct.gnn.pipeline.timing import GilProbe
+        probe = GilProbe(every=2)
+        self.assertIsNone(probe.mean_ms())
+        stop = threading.Event()
+
+        def spin():
+            while not stop.is_set():
+                pass
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(0.02)
+        t = threading.Thread(target=spin)
+        try:
+            t.start()
+            time.sleep(0.05)
+            for _ in range(6):
+                probe.tick()
+        finally:
+            stop.set()
+            t.join()
+            sys.setswitchinterval(before)
+        self.assertEqual((probe.ticks, probe.samples), (6, 3))
+        self.assertGreater(probe.mean_ms(), 10.0)
 
     def test_gil_switch_interval_for_the_run_only(self):
         import sys

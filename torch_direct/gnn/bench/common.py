@@ -98,6 +98,10 @@ def print_host_side(rows: list[dict]) -> None:
               f"{r['train_step_host_s']:.3f} s wall, {r['train_step_cpu_s']:.3f} s CPU; the loop waited "
               f"{_secs(r.get('loop_run_delay_s'))} s for a core in the epoch (host near the step: the host "
               "paced it; wall above CPU: the loop waited, for the GIL or for a core)")
+        if r.get("loop_gil_wait_ms") is not None:
+            print(f"{r['pipeline']}: the loop took {r['loop_gil_wait_ms']:.3f} ms on average to get the GIL back "
+                  "after letting it go (sampled every 8 steps; alone, about a system call's cost; each call "
+                  "into torch lets it go)")
         threads = "; ".join(f"{role} threads ({u['threads']}) {_secs(u['cpu_s'])} s CPU, "
                             f"{_secs(u['run_delay_s'])} s waiting for a core"
                             for role, u in (r.get("loader_threads") or {}).items())

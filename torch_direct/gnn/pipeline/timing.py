@@ -138,6 +138,30 @@ class Timer:
             return {k: dict(v) for k, v in self._threads.items()}
 
 
+class GilProbe:
+    """How long the calling thread takes to get the GIL back after letting it go, sampled on
+    every ``every``-th :meth:`tick` (``time.sleep(0)`` lets go of it). With other Python
+    threads busy (a loader's sampling and gathering threads), that is about what each of the
+    thread's releases costs it in waiting (every call into torch releases the GIL); alone, about
+    the cost of the system call. Sampled, so that the probe itself costs the loop little."""
+
+    def __init__(self, every: int = 8):
+        self.every, self.ticks, self.samples, self.seconds = every, 0, 0, 0.0
+
+    def tick(self) -> None:
+        self.ticks += 1
+        if self.ticks % self.every:
+            return
+        t0 = time.perf_counter()
+        time.sleep(0)
+        self.seconds += time.perf_counter() - t0
+        self.samples += 1
+
+    def mean_ms(self) -> float | None:
+        """The mean wait of the samples so far, in milliseconds (None before the first)."""
+        return 1e3 * self.seconds / self.samples if self.samples else None
+
+
 def thread_run_delay() -> float | None:
     """Seconds the calling thread has spent waiting for a core, runnable but not running (the
     kernel's schedstat ``run_delay``), or None where the kernel does not say (not Linux, or no

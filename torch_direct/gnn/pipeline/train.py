@@ -43,7 +43,7 @@ from .graphed import GraphedStep, StepTally, eager_step
 from .loader import cuda_priority
 from .models import GNN, make_optimizer, model_precision, use_pyg_for
 from .options import add_arguments, check_options, check_paths, resolve_device  # noqa: F401  (add_arguments: the command.s options)
-from .timing import STEP_MARK, StepProfiler, Timer, split_by_busy, sync
+from .timing import STEP_MARK, GilProbe, StepProfiler, Timer, split_by_busy, sync
 
 
 # While keep_reordered() is active: the last relabelled data set, under the key of what made it.
@@ -153,6 +153,7 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     seen = 0
     cpu = 0.0
     tally = StepTally(device)
+    gil = GilProbe()
     sync(device)
     p0 = time.process_time()
     t0 = time.perf_counter()
@@ -171,12 +172,14 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
             seen += b.batch_size
             steps.stop("step", t)
             cpu += time.thread_time() - c0
+            gil.tick()   # outside the step's timing
             bar.update(1)
         sync(device)
     total = time.perf_counter() - t0
     process_cpu = time.process_time() - p0
     return {"total": total, "step": steps.total(), "step_host": steps.host_seconds.get("step", 0.0),
             "step_cpu": cpu, "run_delay": steps.threads()["loop"]["run_delay_s"], "process_cpu": process_cpu,
+            "gil_ms": gil.mean_ms(),
             "loss": float(tally.loss), "correct": float(tally.correct), "seen": float(seen)}
 
 
@@ -187,14 +190,16 @@ def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
     training steps' host side: the loop's wall time inside the step calls
     (``train_step_host_s``) and its thread's CPU time there (``train_step_cpu_s``), and the
     seconds the loop's thread waited for a core in the epoch (``loop_run_delay_s``, None where
-    unknown); the loader's threads' CPU seconds and wait for a core, per role
+    unknown) and the mean milliseconds it took to get the GIL back after letting it go, sampled
+    every 8 steps (``loop_gil_wait_ms``: :class:`timing.GilProbe`; None with fewer steps); the loader's threads' CPU seconds and wait for a core, per role
     (``loader_threads``), the host seconds and calls of parts of the feature store's gathers
     (``gather_parts``), and the whole process's CPU seconds in the epoch (``process_cpu_s``:
     against the epoch's wall time times the cores, how busy the CPU was)."""
     total, step, seen = ep["total"], ep["step"], ep["seen"]
     exposed = split_by_busy(max(stats["wait"], total - step), stats["busy"])
     return {"epoch": epoch, "total_s": total, "train_step_s": step, "train_step_host_s": ep["step_host"],
-            "train_step_cpu_s": ep["step_cpu"], "loop_run_delay_s": ep["run_delay"], "loader_wait_s": stats["wait"],
+            "train_step_cpu_s": ep["step_cpu"], "loop_run_delay_s": ep["run_delay"],
+            "loop_gil_wait_ms": ep["gil_ms"], "loader_wait_s": stats["wait"],
             "exposed_s": exposed, "busy_s": stats["busy"], "loader_threads": stats.get("threads", {}),
             "gather_parts": stats.get("gather_parts", {}),
             "process_cpu_s": ep["process_cpu"], "batches": stats["batches"],
@@ -307,7 +312,7 @@ def _run(args, ctx, make_batches) -> dict:
                 say(f"wrote {prof.finish()} ({prof.steps} profiled steps of epoch 1)", flush=True)
             stats = train_loader.stats()
             if ctx is not None:  # the job's figures: sums over ranks, the slowest rank's times (the
-                # run delay stays this rank's own)
+                # run delay and the GIL probe stay this rank's own)
                 ep["loss"], ep["correct"], ep["seen"] = ctx.all_sum([ep["loss"], ep["correct"], ep["seen"]])
                 ep["total"], ep["step"], ep["step_host"], ep["step_cpu"] = ctx.all_max(
                     [ep["total"], ep["step"], ep["step_host"], ep["step_cpu"]])
