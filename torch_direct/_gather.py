@@ -94,8 +94,9 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
     against the table instead of passing over the index, and does not wait for
     the stream. An index outside them is then not detected: the kernel still
     reads no row outside the table (it skips such an entry, leaving its output
-    row unwritten), so pass only bounds that hold by construction. ``order="auto"`` then sorts any
-    index of 4096 or more entries (its order is not measured). Elsewhere (a
+    row unwritten), so pass only bounds that hold by construction.
+    ``order="auto"`` then sorts any index of 4096 or more entries (its order
+    is not measured). Elsewhere (a
     CPU index, a hybrid gather, which waits for its index anyway) the bounds
     are checked against the table and every index is checked as usual.
     """
