@@ -211,6 +211,13 @@ class TestGraphedStep(_Tiny):
         self.assertEqual((caps[0][2], caps[1][2]), (int(1000 * 1.1) + 1, int(320 * 1.1) + 1))
         for c in caps:
             self.assertGreaterEqual(c[0], c[1])
+        # no margin given: 0.1; margin 0: the largest seen, plus a padding row where one is needed
+        default = GraphedStep(None, None, 64, warmup=2)
+        default.seen = step.seen
+        self.assertEqual(default.capacities(), caps)
+        tight = GraphedStep(None, None, 64, warmup=2, margin=0.0)
+        tight.seen = step.seen
+        self.assertEqual(tight.capacities(), [(401, 131, 1001), (131, 65, 321)])
         with self.assertRaisesRegex(ValueError, "warmup"):
             GraphedStep(None, None, 64, warmup=0)
         with self.assertRaisesRegex(ValueError, "margin"):
@@ -266,6 +273,14 @@ class TestGraphedStep(_Tiny):
             self.assertEqual(st["note"], "")
             self.assertEqual(st["buffers"], buffers)
             self.assertGreater(st["replays"], st["eager_steps"])
+            # the fill: each replayed batch's sources and edges over the capacities, averaged
+            replayed = [batch_sizes(b) for b in batches[2:] if step.bufs[0].fits(b)]
+            self.assertEqual(len(replayed), st["replays"])
+            for i, (fill, cap) in enumerate(zip(st["fill"], st["capacities"])):
+                want = [sum(s[i][0] for s in replayed) / (cap[0] * len(replayed)),
+                        sum(s[i][2] for s in replayed) / (cap[2] * len(replayed))]
+                self.assertEqual(fill, [round(w, 4) for w in want])
+                self.assertTrue(all(0 < f <= 1 for f in fill))
         for key in ((2, True), (2, False)):
             self.assertEqual(runs[key], runs[1, True], atol=1e-4, rtol=1e-4, msg=str(key))  # atomics: sums in any order
 
@@ -289,6 +304,12 @@ class TestOption(_Tiny):
         code, err = self.run_train("--cuda-graph", "3", "--device", "cpu")
         self.assertEqual(code, 2)
         self.assertIn("argument --cuda-graph: invalid choice: 3", err)
+        code, err = self.run_train("--cuda-graph-margin", "0.05", "--device", "cpu")
+        self.assertEqual(code, 2)
+        self.assertIn("--cuda-graph-margin applies to the captured step: add --cuda-graph", err)
+        code, err = self.run_train("--cuda-graph", "--cuda-graph-margin", "1.5", "--device", "cpu")
+        self.assertEqual(code, 2)
+        self.assertIn("argument --cuda-graph-margin: must be from 0 to 1, got '1.5'", err)
 
     @requires_gpu
     def test_graphed_training_matches_eager(self):

@@ -388,14 +388,17 @@ class TestFeatureStores(TestCase):
                 self.assertEqual(store._read_hybrid(idx[:0], cpu).shape, (0, 100, x.shape[1]))
 
     def test_store_index_bounds_setting(self):
-        # store_index_bounds=known passes the bounds of the stores' own indices to gather (the
-        # cache's slots, the hybrid read's permutation): the same rows, bit for bit, as checked;
-        # a value that is not a mode is refused.
+        # store_index_bounds=known (the default) passes the bounds of the stores' own indices to
+        # gather (the cache's slots, the hybrid read's permutation): the same rows, bit for bit,
+        # as checked; a value that is not a mode is refused.
         cpu = torch.device("cpu")
         idx = torch.randint(0, 500, (30, 100))
         q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
         for x, kw in ((self.x, {}), (q, {"scale": scale})):
-            want = make_feature_store("unified", x, "cpu", **kw).gather(idx.reshape(-1)).view(30, 100, -1)
+            with torch_direct.experimental(store_index_bounds="checked"):
+                checked = make_feature_store("unified", x, "cpu", **kw)
+            self.assertFalse(checked.known_bounds)
+            want = checked.gather(idx.reshape(-1)).view(30, 100, -1)
             with torch_direct.experimental(store_index_bounds="known"):
                 store = make_feature_store("unified", x, "cpu", **kw)
                 cached = make_feature_store("unified", x, "cpu", cache_bytes=100 * 64, degree=torch.arange(500), **kw)
@@ -403,7 +406,7 @@ class TestFeatureStores(TestCase):
             self.assertEqual(cached._slot_bounds, (0, cached.cache_rows - 1))
             self.assertEqual(store._read_hybrid(idx, cpu), want, atol=0, rtol=0)
             self.assertEqual(cached.gather(idx.reshape(-1)), want.view(3000, -1), atol=0, rtol=0)
-        self.assertFalse(make_feature_store("unified", self.x, "cpu").known_bounds)
+        self.assertTrue(make_feature_store("unified", self.x, "cpu").known_bounds)   # the default
         with torch_direct.experimental(store_index_bounds="trusted"):
             with self.assertRaisesRegex(ValueError, "store_index_bounds must be checked or known, not 'trusted'"):
                 make_feature_store("unified", self.x, "cpu")

@@ -57,7 +57,8 @@ SETTINGS = {
                      "unset, Python's 5000)",
     "store_index_bounds": "checked | known: known = the GNN feature stores pass gather the bounds of the indices "
                           "they make themselves (the cache's slots, the hybrid gather's reordering), which spares "
-                          "the CUDA gather its pass over them and its wait for the stream (default: checked)",
+                          "the CUDA gather its pass over them and its wait for the stream; checked = gather checks "
+                          "them as any index (default: known)",
     "step_host": "fused | python: python = the graphed step's copy of each batch into its padded buffers and "
                  "the training loop's loss and accuracy tally issue their ATen ops one Python call at a time "
                  "(default: fused: one C++ call each, without the GIL)",

@@ -47,11 +47,11 @@ HYBRID_SPLITS = ("index", "address")
 
 
 def store_index_bounds() -> bool:
-    """The experimental setting store_index_bounds: "checked" (unset: the default) or "known"
-    (the stores pass gather the bounds of the indices they make themselves: no pass over them
-    and no wait for the stream)."""
+    """The experimental setting store_index_bounds: "known" (unset: the default; the stores pass
+    gather the bounds of the indices they make themselves: no pass over them and no wait for the
+    stream) or "checked" (gather checks them as it checks any index)."""
     return torch_direct.experimental_setting("store_index_bounds", choices=("checked", "known"),
-                                             default="checked") == "known"
+                                             default="known") == "known"
 
 
 def hybrid_split() -> str:
@@ -276,7 +276,7 @@ class UnifiedFeatureStore(FeatureStore):
             # where a scatter and an upcast through float32 would write them three or four times
             ramp = torch.arange(got.shape[0], device=got.device)
             at = ramp if order is None else torch.empty_like(ramp).scatter_(0, order, ramp)  # the sort's inverse
-            # `at` is a permutation of 0 .. n-1: known bounds (store_index_bounds=known) spare the
+            # `at` is a permutation of 0 .. n-1: known bounds (store_index_bounds=known, the default) spare the
             # gather its pass over them and its wait for the stream
             rows = torch_direct.gather(got, at, dtype=self.dtype, scale=None if scale is None else scale[read],
                                        order="as_is", index_bounds=(0, got.shape[0] - 1) if self.known_bounds else None)

@@ -84,12 +84,13 @@ class PaddedBatch:
         self.adjs = [(e, None, (c[0], c[1])) for e, c in zip(self.edges, caps)]
         self.fused = step_host() == "fused"   # read once: fill runs every step
 
-    def fits(self, b) -> bool:
-        """Whether batch ``b`` fits: each size within its capacity, with a padding target row left."""
+    def fits(self, b):
+        """Batch ``b``'s sizes (as :func:`batch_sizes`) where it fits, each size within its capacity
+        with a padding target row left; else None."""
         sizes = batch_sizes(b)
         if len(sizes) != len(self.caps) or b.x.shape[0] != sizes[0][0] or b.x.shape[1] != self.x.shape[1]:
-            return False
-        return all(s[0] <= c[0] and s[1] < c[1] and s[2] <= c[2] for s, c in zip(sizes, self.caps))
+            return None
+        return sizes if all(s[0] <= c[0] and s[1] < c[1] and s[2] <= c[2] for s, c in zip(sizes, self.caps)) else None
 
     def fill(self, b) -> None:
         """Copy batch ``b`` (which :meth:`fits`) into the buffers, its padding reset."""
@@ -153,8 +154,9 @@ class GraphedStep:
     (loss, the seeds' logits), as :func:`eager_step`; the tensors of a replay are overwritten by
     the next one, so read them on the same stream before it (the training loop does)."""
 
-    def __init__(self, model, opt, batch_size: int, *, warmup: int = 3, margin: float = 0.1,
+    def __init__(self, model, opt, batch_size: int, *, warmup: int = 3, margin: float | None = None,
                  buffers: int = 1):
+        margin = 0.1 if margin is None else margin
         if buffers not in (1, 2):
             raise ValueError(f"GraphedStep: buffers must be 1 or 2, got {buffers!r}")
         if warmup < 1:
@@ -169,6 +171,7 @@ class GraphedStep:
         self.outs: list = []
         self.note = ""
         self.replays = self.misses = self.eager = 0
+        self._filled = None   # per block, the replayed batches' (sources, edges) summed: their fill
         self._turn = 0
         self._fill_stream = None   # with two sets: the copies' stream
         self._released: list = []   # with two sets: per set, the event after the last replay that read it
@@ -179,13 +182,22 @@ class GraphedStep:
         return self.graphs[0] if self.graphs else None
 
     def stats(self) -> dict:
+        caps = self.bufs[0].caps if self.bufs else None
+        fill = None
+        if caps and self.replays:   # the mean share of each block's padded sources and edges a batch filled
+            fill = [[round(f[0] / (c[0] * self.replays), 4), round(f[1] / (c[2] * self.replays), 4)]
+                    for f, c in zip(self._filled, caps)]
         return {"replays": self.replays, "eager_steps": self.eager, "misses": self.misses,
-                "capacities": [list(c) for c in self.bufs[0].caps] if self.bufs else None,
-                "buffers": self.buffers, "note": self.note}
+                "capacities": [list(c) for c in caps] if caps else None, "margin": self.margin,
+                "fill": fill, "buffers": self.buffers, "note": self.note}
 
     def __call__(self, b):
         if self.graphs:
-            if self.bufs[0].fits(b):
+            sizes = self.bufs[0].fits(b)
+            if sizes:
+                for f, s in zip(self._filled, sizes):
+                    f[0] += s[0]
+                    f[1] += s[2]
                 k = self._turn
                 self._turn = (k + 1) % len(self.graphs)
                 if self._fill_stream is None:
@@ -263,6 +275,7 @@ class GraphedStep:
             self.note = f"the step could not be captured as a CUDA graph ({type(e).__name__}: {e}); every step eager"
             return
         self.bufs, self.graphs, self.outs = bufs, graphs, outs
+        self._filled = [[0, 0] for _ in bufs[0].caps]
         if len(bufs) > 1:
             # at the training stream's priority: the copies are on the step's path
             self._fill_stream = torch.cuda.Stream(b.x.device, priority=torch.cuda.current_stream(b.x.device).priority)

@@ -144,11 +144,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     p.add_argument("--cuda-graph", type=int, nargs="?", const=1, default=0, choices=(1, 2), metavar="BUFFERS",
                    help="replay the training step as one CUDA graph: captured after 3 eager batches, each "
-                        "batch then copied into buffers padded to 10%% more than the largest seen (a larger "
-                        "one steps eagerly); the padding changes no logit or gradient of the batch's rows. "
+                        "batch then copied into buffers padded to --cuda-graph-margin more than the "
+                        "largest seen (a larger one steps eagerly); the padding changes no logit or gradient "
+                        "of the batch's rows. "
                         "One launch a step instead of hundreds (CUDA only; any --precision). BUFFERS 2: two "
                         "sets of buffers with a graph each, used in turn, a batch copied into one on a stream "
                         "of its own while the other's graph runs (default without a number: 1)")
+    p.add_argument("--cuda-graph-margin", type=share, default=None, metavar="SHARE",
+                   help="with --cuda-graph: the captured step's capacities exceed the largest of the 3 eager "
+                        "batches by this share; each replay computes at full capacity, so a smaller margin "
+                        "pads less, and a batch past it steps eagerly (slower; counted as a miss) "
+                        "(default: 0.1)")
     p.add_argument("--prefetch", type=nonneg_int, default=2,
                    help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
     p.add_argument("--sample-ahead", type=positive(int), nargs="?", const=1, default=0, metavar="THREADS",
@@ -265,6 +271,8 @@ def check_options(args, device) -> None:
                          f"one per layer in both")
     if not 0.0 <= args.dropout < 1.0:
         raise ValueError(f"--dropout must be in [0, 1), got {args.dropout}")
+    if getattr(args, "cuda_graph_margin", None) is not None and not getattr(args, "cuda_graph", False):
+        raise ValueError("--cuda-graph-margin applies to the captured step: add --cuda-graph")
     if getattr(args, "cuda_graph", False):
         if device.type != "cuda":
             raise ValueError("--cuda-graph needs a CUDA device (it replays the step as a CUDA graph)")

@@ -289,7 +289,8 @@ def _run(args, ctx, make_batches) -> dict:
         step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     buffers = int(getattr(args, "cuda_graph", 0) or 0)
     opt = make_optimizer(model, args.lr, capturable=buffers > 0)
-    graphed = GraphedStep(step_model, opt, args.batch_size, buffers=buffers) if buffers else None
+    graphed = GraphedStep(step_model, opt, args.batch_size, buffers=buffers,
+                          margin=getattr(args, "cuda_graph_margin", None)) if buffers else None
     step_priority = getattr(args, "step_priority", "normal")
     step_stream = TrainingStream(step_priority, device)
     record = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "device": str(device),
