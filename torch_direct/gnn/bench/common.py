@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from ..pipeline.timing import Timer
+from ..pipeline.timing import GIL_PROBE_EVERY, Timer
 from ..progress import track  # noqa: F401  (the benchmarks' progress bar)
 from ..outputs import check_writable, default_out, machine_record, results_dir, write_json  # noqa: F401  (the benchmarks' names)
 
@@ -100,8 +100,8 @@ def print_host_side(rows: list[dict]) -> None:
               "paced it; wall above CPU: the loop waited, for the GIL or for a core)")
         if r.get("loop_gil_wait_ms") is not None:
             print(f"{r['pipeline']}: the loop took {r['loop_gil_wait_ms']:.3f} ms on average to get the GIL back "
-                  "after letting it go (sampled every 8 steps; alone, about a system call's cost; each call "
-                  "into torch lets it go)")
+                  f"after letting it go (sampled every {GIL_PROBE_EVERY} steps; alone, about a system call's "
+                  "cost; each call into torch lets it go)")
         threads = "; ".join(f"{role} threads ({u['threads']}) {_secs(u['cpu_s'])} s CPU, "
                             f"{_secs(u['run_delay_s'])} s waiting for a core"
                             for role, u in (r.get("loader_threads") or {}).items())

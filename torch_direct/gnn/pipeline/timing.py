@@ -138,6 +138,9 @@ class Timer:
             return {k: dict(v) for k, v in self._threads.items()}
 
 
+GIL_PROBE_EVERY = 8   # the training loop's GIL probe samples every this many steps
+
+
 class GilProbe:
     """How long the calling thread takes to get the GIL back after letting it go, sampled on
     every ``every``-th :meth:`tick` (``time.sleep(0)`` lets go of it). With other Python
@@ -145,7 +148,7 @@ class GilProbe:
     thread's releases costs it in waiting (every call into torch releases the GIL); alone, about
     the cost of the system call. Sampled, so that the probe itself costs the loop little."""
 
-    def __init__(self, every: int = 8):
+    def __init__(self, every: int = GIL_PROBE_EVERY):
         self.every, self.ticks, self.samples, self.seconds = every, 0, 0, 0.0
 
     def tick(self) -> None:

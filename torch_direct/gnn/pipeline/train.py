@@ -191,7 +191,8 @@ def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
     (``train_step_host_s``) and its thread's CPU time there (``train_step_cpu_s``), and the
     seconds the loop's thread waited for a core in the epoch (``loop_run_delay_s``, None where
     unknown) and the mean milliseconds it took to get the GIL back after letting it go, sampled
-    every 8 steps (``loop_gil_wait_ms``: :class:`timing.GilProbe`; None with fewer steps); the loader's threads' CPU seconds and wait for a core, per role
+    every ``timing.GIL_PROBE_EVERY`` steps (``loop_gil_wait_ms``: :class:`timing.GilProbe`; None
+    with fewer steps); the loader's threads' CPU seconds and wait for a core, per role
     (``loader_threads``), the host seconds and calls of parts of the feature store's gathers
     (``gather_parts``), and the whole process's CPU seconds in the epoch (``process_cpu_s``:
     against the epoch's wall time times the cores, how busy the CPU was)."""
