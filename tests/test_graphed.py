@@ -15,7 +15,7 @@ from common import requires_gpu
 from torch_direct.gnn.graph import NeighborSampler, load_dataset
 from torch_direct.gnn.pipeline import PipelinedLoader, make_feature_store
 from torch_direct.gnn.pipeline import _aggregate
-from torch_direct.gnn.pipeline.graphed import GraphedStep, PaddedBatch, StepTally, batch_sizes, eager_step
+from torch_direct.gnn.pipeline.graphed import GraphedStep, PaddedBatch, StepTally, auto_margin, batch_sizes, eager_step
 from torch_direct.gnn.pipeline.models import GNN, have_pyg, make_optimizer
 
 
@@ -211,17 +211,34 @@ class TestGraphedStep(_Tiny):
         self.assertEqual((caps[0][2], caps[1][2]), (int(1000 * 1.1) + 1, int(320 * 1.1) + 1))
         for c in caps:
             self.assertGreaterEqual(c[0], c[1])
-        # no margin given: 0.1; margin 0: the largest seen, plus a padding row where one is needed
-        default = GraphedStep(None, None, 64, warmup=2)
-        default.seen = step.seen
-        self.assertEqual(default.capacities(), caps)
+        self.assertEqual(step.margin_used, 0.1)
+        # margin 0: the largest seen, plus a padding row where one is needed
         tight = GraphedStep(None, None, 64, warmup=2, margin=0.0)
         tight.seen = step.seen
         self.assertEqual(tight.capacities(), [(401, 131, 1001), (131, 65, 321)])
         with self.assertRaisesRegex(ValueError, "warmup"):
             GraphedStep(None, None, 64, warmup=0)
-        with self.assertRaisesRegex(ValueError, "margin"):
-            GraphedStep(None, None, 64, margin=-1)
+        for bad in (-1, "tight", float("nan")):
+            with self.assertRaisesRegex(ValueError, "margin must be 'auto' or a number >= 0"):
+                GraphedStep(None, None, 64, margin=bad)
+
+    def test_auto_margin_follows_the_warm_up_batches_spread(self):
+        # four times the largest relative spread of any size of any block, from 0.02 to 0.1
+        even = [((1000, 200, 3000), (200, 65, 600))] * 3
+        self.assertEqual(auto_margin(even), 0.02)                       # one size: the floor
+        near = [((1000, 200, 3000), (200, 65, 600)), ((995, 200, 2985), (200, 65, 600))]
+        self.assertAlmostEqual(auto_margin(near), 0.02)               # 0.5% spread: 4 x 0.005
+        mid = [((1000, 200, 3000), (200, 65, 600)), ((1000, 200, 3000), (200, 65, 594))]
+        self.assertAlmostEqual(auto_margin(mid), 0.04)                 # the last block's edges: 1% apart
+        wide = [((1000, 200, 3000), (200, 65, 600)), ((700, 150, 2000), (150, 65, 400))]
+        self.assertEqual(auto_margin(wide), 0.1)                        # the cap
+        step = GraphedStep(None, None, 64, warmup=2)                  # auto unless given
+        self.assertEqual(step.margin, "auto")
+        step.seen = mid
+        caps = step.capacities()
+        self.assertAlmostEqual(step.margin_used, 0.04)
+        self.assertEqual(caps[0][0], int(1000 * 1.04) + 1)
+        self.assertEqual(caps[1][2], int(600 * 1.04) + 1)
         with self.assertRaisesRegex(ValueError, "buffers must be 1 or 2, got 3"):
             GraphedStep(None, None, 64, buffers=3)
 
@@ -307,9 +324,10 @@ class TestOption(_Tiny):
         code, err = self.run_train("--cuda-graph-margin", "0.05", "--device", "cpu")
         self.assertEqual(code, 2)
         self.assertIn("--cuda-graph-margin applies to the captured step: add --cuda-graph", err)
-        code, err = self.run_train("--cuda-graph", "--cuda-graph-margin", "1.5", "--device", "cpu")
-        self.assertEqual(code, 2)
-        self.assertIn("argument --cuda-graph-margin: must be from 0 to 1, got '1.5'", err)
+        for bad in ("1.5", "tight"):
+            code, err = self.run_train("--cuda-graph", "--cuda-graph-margin", bad, "--device", "cpu")
+            self.assertEqual(code, 2)
+            self.assertIn(f"argument --cuda-graph-margin: expected auto or a number from 0 to 1, got '{bad}'", err)
 
     @requires_gpu
     def test_graphed_training_matches_eager(self):

@@ -21,7 +21,7 @@ gradients of the batch's own rows are those of the batch alone:
   edge adds zero to the gradient of the source row it reads.
 
 :class:`GraphedStep` runs the first ``warmup`` batches eagerly, sets the capacities to the
-largest sizes they had plus ``margin``, warms the step up on a side stream (the model and the
+largest sizes they had plus ``margin`` (by default from their spread: :func:`auto_margin`), warms the step up on a side stream (the model and the
 optimizer are put back as they were after), captures it and replays it from then on. A batch
 larger than a capacity takes the eager step (counted in ``misses``). Where the capture fails
 (an op that waits for the host, say), the run continues eagerly and ``note`` says why.
@@ -55,6 +55,25 @@ def step_host() -> str:
     """The experimental setting ``step_host``: ``fused`` (default: a step's host-side copies and
     tally in one C++ call each, without the GIL) or ``python`` (one Python call an op)."""
     return torch_direct.experimental_setting("step_host", choices=("fused", "python"), default="fused")
+
+
+AUTO_MARGIN_FLOOR, AUTO_MARGIN_CAP, AUTO_MARGIN_SPREADS = 0.02, 0.1, 4.0
+
+
+def auto_margin(seen) -> float:
+    """The capacities' margin over the largest of the warm-up batches' sizes ``seen`` (each a
+    :func:`batch_sizes`) when none is given: their largest relative spread, over every block and
+    size, times ``AUTO_MARGIN_SPREADS``, within [``AUTO_MARGIN_FLOOR``, ``AUTO_MARGIN_CAP``].
+    Batches of nearly one size (papers100M-like's vary by under 1%) get a tight fit, as each
+    replay computes at full capacity; batches that vary widely, the cap, so that few take the
+    eager step. The run's ``misses`` and ``fill`` say how it went."""
+    spread = 0.0
+    for i in range(len(seen[0])):
+        for k in range(3):
+            values = [s[i][k] for s in seen]
+            if max(values):
+                spread = max(spread, (max(values) - min(values)) / max(values))
+    return min(AUTO_MARGIN_CAP, max(AUTO_MARGIN_FLOOR, AUTO_MARGIN_SPREADS * spread))
 
 
 def batch_sizes(b) -> tuple[tuple[int, int, int], ...]:
@@ -154,15 +173,15 @@ class GraphedStep:
     (loss, the seeds' logits), as :func:`eager_step`; the tensors of a replay are overwritten by
     the next one, so read them on the same stream before it (the training loop does)."""
 
-    def __init__(self, model, opt, batch_size: int, *, warmup: int = 3, margin: float | None = None,
+    def __init__(self, model, opt, batch_size: int, *, warmup: int = 3, margin: float | str | None = "auto",
                  buffers: int = 1):
-        margin = 0.1 if margin is None else margin
+        margin = "auto" if margin is None else margin
         if buffers not in (1, 2):
             raise ValueError(f"GraphedStep: buffers must be 1 or 2, got {buffers!r}")
         if warmup < 1:
             raise ValueError(f"GraphedStep: warmup must be >= 1, got {warmup}")
-        if margin < 0:
-            raise ValueError(f"GraphedStep: margin must be >= 0, got {margin}")
+        if margin != "auto" and not (isinstance(margin, (int, float)) and margin >= 0):
+            raise ValueError(f"GraphedStep: margin must be 'auto' or a number >= 0, got {margin!r}")
         self.model, self.opt, self.batch_size = model, opt, batch_size
         self.warmup, self.margin, self.buffers = warmup, margin, buffers
         self.seen: list = []
@@ -171,6 +190,7 @@ class GraphedStep:
         self.outs: list = []
         self.note = ""
         self.replays = self.misses = self.eager = 0
+        self.margin_used = None   # the margin the capacities took (auto: from the warm-up batches)
         self._filled = None   # per block, the replayed batches' (sources, edges) summed: their fill
         self._turn = 0
         self._fill_stream = None   # with two sets: the copies' stream
@@ -189,6 +209,7 @@ class GraphedStep:
                     for f, c in zip(self._filled, caps)]
         return {"replays": self.replays, "eager_steps": self.eager, "misses": self.misses,
                 "capacities": [list(c) for c in caps] if caps else None, "margin": self.margin,
+                "margin_used": self.margin_used,
                 "fill": fill, "buffers": self.buffers, "note": self.note}
 
     def __call__(self, b):
@@ -220,11 +241,12 @@ class GraphedStep:
         return out
 
     def capacities(self):
-        """Each block's (sources, targets, edges) capacity: the largest seen plus the margin, with
-        a padding target row; the last block's targets are the seeds (the batch size plus one),
-        a block's targets are the next one's sources, and a block has at least as many sources
-        as targets (its targets are its first sources)."""
-        grow = 1.0 + self.margin
+        """Each block's (sources, targets, edges) capacity: the largest seen plus the margin (kept
+        in ``margin_used``), with a padding target row; the last block's targets are the seeds
+        (the batch size plus one), a block's targets are the next one's sources, and a block has
+        at least as many sources as targets (its targets are its first sources)."""
+        self.margin_used = auto_margin(self.seen) if self.margin == "auto" else float(self.margin)
+        grow = 1.0 + self.margin_used
         n = len(self.seen[0])
         most = [[max(s[i][k] for s in self.seen) for k in range(3)] for i in range(n)]
         caps = [None] * n

@@ -44,6 +44,16 @@ def share(text: str) -> float:
     return v
 
 
+def graph_margin(text: str):
+    """``auto`` or a share from 0 to 1: --cuda-graph-margin's value."""
+    if text == "auto":
+        return text
+    try:
+        return share(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto or a number from 0 to 1, got {text!r}") from None
+
+
 def nonneg_int(text: str) -> int:
     try:
         v = int(text)
@@ -150,11 +160,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "One launch a step instead of hundreds (CUDA only; any --precision). BUFFERS 2: two "
                         "sets of buffers with a graph each, used in turn, a batch copied into one on a stream "
                         "of its own while the other's graph runs (default without a number: 1)")
-    p.add_argument("--cuda-graph-margin", type=share, default=None, metavar="SHARE",
+    p.add_argument("--cuda-graph-margin", type=graph_margin, default=None, metavar="SHARE|auto",
                    help="with --cuda-graph: the captured step's capacities exceed the largest of the 3 eager "
-                        "batches by this share; each replay computes at full capacity, so a smaller margin "
-                        "pads less, and a batch past it steps eagerly (slower; counted as a miss) "
-                        "(default: 0.1)")
+                        "batches by this share (0 to 1); each replay computes at full capacity, so a smaller "
+                        "margin pads less, and a batch past it steps eagerly (slower; counted as a miss). "
+                        "auto: four times the eager batches' largest relative spread in size, from 0.02 to "
+                        "0.1 (default: auto)")
     p.add_argument("--prefetch", type=nonneg_int, default=2,
                    help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
     p.add_argument("--sample-ahead", type=positive(int), nargs="?", const=1, default=0, metavar="THREADS",
