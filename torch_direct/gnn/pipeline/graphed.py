@@ -21,8 +21,9 @@ gradients of the batch's own rows are those of the batch alone:
   edge adds zero to the gradient of the source row it reads.
 
 :class:`GraphedStep` runs the first ``warmup`` batches eagerly, sets the capacities to the
-largest sizes they had plus ``margin`` (by default from their spread: :func:`auto_margin`), warms the step up on a side stream (the model and the
-optimizer are put back as they were after), captures it and replays it from then on. A batch
+largest sizes they had plus ``margin`` (by default from their spread: :func:`auto_margin`),
+warms the step up on a side stream (the model and the optimizer are put back as they were
+after), captures it and replays it from then on. A batch
 larger than a capacity takes the eager step (counted in ``misses``). Where the capture fails
 (an op that waits for the host, say), the run continues eagerly and ``note`` says why.
 
