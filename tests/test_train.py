@@ -393,14 +393,17 @@ class TestTrain(TestCase):
 
     def test_graph_copy_counts_the_allocators_idle_blocks_as_free(self):
         # An earlier run in the same process (experiments/train_variants.py) leaves blocks in
-        # torch's caching allocator that the driver reports as taken: they count as free, and
-        # blocks that tensors still use do not.
+        # torch's caching allocator that the driver reports as taken: whole idle segments count
+        # as free; blocks that tensors still use, and free blocks split off them, do not.
         g, dev = self.ds.graph, torch.device("cuda", 0)
         need = sum(t.nbytes for t in (g.rowptr, g.col, g.edge_ids) if t is not None)
         with mock.patch("torch.cuda.mem_get_info", return_value=(need, 10 * need)), \
                 mock.patch("torch.cuda.memory_reserved", return_value=5 * need), \
-                mock.patch("torch.cuda.memory_allocated", return_value=2 * need):
+                mock.patch("torch.cuda.memory_allocated", return_value=2 * need), \
+                mock.patch("torch.cuda.memory_stats", return_value={}):   # on a GPU: not this process's own
             self.assertEqual(batches.free_gpu_bytes(dev), 4 * need)
+            with mock.patch("torch.cuda.memory_stats", return_value={"inactive_split_bytes.all.current": need}):
+                self.assertEqual(batches.free_gpu_bytes(dev), 3 * need)
             with mock.patch.object(type(g), "to", return_value="copied") as to:
                 self.assertEqual(batches.graph_to_gpu(g, dev), "copied")
             to.assert_called_once_with(dev)

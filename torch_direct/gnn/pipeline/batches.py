@@ -25,10 +25,14 @@ import torch
 
 def free_gpu_bytes(device) -> int:
     """Bytes this process can still allocate on the GPU ``device``: what the driver reports
-    free, plus the blocks torch's caching allocator holds but no tensor uses (an earlier run
-    in the same process leaves them reserved; the driver counts them as taken)."""
+    free, plus the segments torch's caching allocator holds with no tensor in them (an earlier
+    run in the same process leaves them reserved; the driver counts them as taken, and the
+    allocator gives them back when a larger allocation needs the room). Free blocks inside
+    segments a tensor still uses (``inactive_split_bytes``) do not count: a large array cannot
+    use them."""
     free, _ = torch.cuda.mem_get_info(device)
-    idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    split = torch.cuda.memory_stats(device).get("inactive_split_bytes.all.current", 0)
+    idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) - split
     return free + max(idle, 0)
 
 
