@@ -15,7 +15,7 @@ from common import requires_gpu
 from torch_direct.gnn.graph import NeighborSampler, load_dataset
 from torch_direct.gnn.pipeline import PipelinedLoader, make_feature_store
 from torch_direct.gnn.pipeline import _aggregate
-from torch_direct.gnn.pipeline.graphed import GraphedStep, PaddedBatch, StepTally, auto_margin, batch_sizes, eager_step
+from torch_direct.gnn.pipeline.graphed import GraphedStep, PaddedBatch, StepTally, auto_margins, batch_sizes, eager_step
 from torch_direct.gnn.pipeline.models import GNN, have_pyg, make_optimizer
 
 
@@ -211,7 +211,7 @@ class TestGraphedStep(_Tiny):
         self.assertEqual((caps[0][2], caps[1][2]), (int(1000 * 1.1) + 1, int(320 * 1.1) + 1))
         for c in caps:
             self.assertGreaterEqual(c[0], c[1])
-        self.assertEqual(step.margin_used, 0.1)
+        self.assertEqual(step.margin_used, [[0.1] * 3] * 2)
         # margin 0: the largest seen, plus a padding row where one is needed
         tight = GraphedStep(None, None, 64, warmup=2, margin=0.0)
         tight.seen = step.seen
@@ -222,25 +222,26 @@ class TestGraphedStep(_Tiny):
             with self.assertRaisesRegex(ValueError, "margin must be 'auto' or a number >= 0"):
                 GraphedStep(None, None, 64, margin=bad)
 
-    def test_auto_margin_follows_the_warm_up_batches_spread(self):
-        # four times the largest relative spread of any size of any block, from 0.02 to 0.1
+    def test_auto_margins_follow_each_sizes_spread(self):
+        # each size of each block: four times its relative spread over the warm-up batches,
+        # from 0.02 to 0.1
         even = [((1000, 200, 3000), (200, 65, 600))] * 3
-        self.assertEqual(auto_margin(even), 0.02)                       # one size: the floor
-        near = [((1000, 200, 3000), (200, 65, 600)), ((995, 200, 2985), (200, 65, 600))]
-        self.assertAlmostEqual(auto_margin(near), 0.02)               # 0.5% spread: 4 x 0.005
-        mid = [((1000, 200, 3000), (200, 65, 600)), ((1000, 200, 3000), (200, 65, 594))]
-        self.assertAlmostEqual(auto_margin(mid), 0.04)                 # the last block's edges: 1% apart
-        wide = [((1000, 200, 3000), (200, 65, 600)), ((700, 150, 2000), (150, 65, 400))]
-        self.assertEqual(auto_margin(wide), 0.1)                        # the cap
-        step = GraphedStep(None, None, 64, warmup=2)                  # auto unless given
+        self.assertEqual(auto_margins(even), [[0.02] * 3] * 2)            # one size: the floor
+        seen = [((1000, 200, 3000), (200, 65, 600)), ((995, 190, 2400), (190, 65, 594))]
+        m = auto_margins(seen)
+        self.assertAlmostEqual(m[0][0], 0.02)     # sources 0.5% apart: 4 x 0.005
+        self.assertAlmostEqual(m[0][1], 0.1)      # 5% apart: 0.2, capped
+        self.assertAlmostEqual(m[0][2], 0.1)      # 20% apart: capped
+        self.assertAlmostEqual(m[1][0], 0.1)
+        self.assertEqual(m[1][1], 0.02)           # the seeds: one size
+        self.assertAlmostEqual(m[1][2], 0.04)     # 1% apart
+        step = GraphedStep(None, None, 64, warmup=2)                      # auto unless given
         self.assertEqual(step.margin, "auto")
-        step.seen = mid
+        step.seen = seen
         caps = step.capacities()
-        self.assertAlmostEqual(step.margin_used, 0.04)
-        self.assertEqual(caps[0][0], int(1000 * 1.04) + 1)
-        self.assertEqual(caps[1][2], int(600 * 1.04) + 1)
-        with self.assertRaisesRegex(ValueError, "buffers must be 1 or 2, got 3"):
-            GraphedStep(None, None, 64, buffers=3)
+        self.assertEqual(step.margin_used, m)
+        self.assertEqual(caps[1], (int(200 * (1 + m[1][0])) + 1, 65, int(600 * (1 + m[1][2])) + 1))
+        self.assertEqual(caps[0], (int(1000 * (1 + m[0][0])) + 1, caps[1][0], int(3000 * (1 + m[0][2])) + 1))
 
     def test_on_the_cpu_every_step_is_eager_and_the_same(self):
         batches = self.batches(5)

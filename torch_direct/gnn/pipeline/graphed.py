@@ -21,7 +21,7 @@ gradients of the batch's own rows are those of the batch alone:
   edge adds zero to the gradient of the source row it reads.
 
 :class:`GraphedStep` runs the first ``warmup`` batches eagerly, sets the capacities to the
-largest sizes they had plus ``margin`` (by default from their spread: :func:`auto_margin`),
+largest sizes they had plus a margin (by default each size's from its spread: :func:`auto_margins`),
 warms the step up on a side stream (the model and the optimizer are put back as they were
 after), captures it and replays it from then on. A batch
 larger than a capacity takes the eager step (counted in ``misses``). Where the capture fails
@@ -61,20 +61,23 @@ def step_host() -> str:
 AUTO_MARGIN_FLOOR, AUTO_MARGIN_CAP, AUTO_MARGIN_SPREADS = 0.02, 0.1, 4.0
 
 
-def auto_margin(seen) -> float:
-    """The capacities' margin over the largest of the warm-up batches' sizes ``seen`` (each a
-    :func:`batch_sizes`) when none is given: their largest relative spread, over every block and
-    size, times ``AUTO_MARGIN_SPREADS``, within [``AUTO_MARGIN_FLOOR``, ``AUTO_MARGIN_CAP``].
-    Batches of nearly one size (papers100M-like's vary by under 1%) get a tight fit, as each
-    replay computes at full capacity; batches that vary widely, the cap, so that few take the
-    eager step. The run's ``misses`` and ``fill`` say how it went."""
-    spread = 0.0
+def auto_margins(seen) -> list[list[float]]:
+    """Each block's margin for each size (as :func:`batch_sizes`: sources, targets, edges) over
+    the largest of the warm-up batches' sizes ``seen`` when no margin is given: that size's
+    relative spread over the warm-up batches times ``AUTO_MARGIN_SPREADS``, within
+    [``AUTO_MARGIN_FLOOR``, ``AUTO_MARGIN_CAP``]. Each replay computes at full capacity, so a
+    size that hardly varies (papers100M-like's, within about 0.5% of the largest warm-up batch's)
+    gets a tight fit, and one that varies widely the room that keeps most batches from taking
+    the eager step. The run's ``misses`` and ``fill`` say how it went."""
+    margins = []
     for i in range(len(seen[0])):
+        block = []
         for k in range(3):
             values = [s[i][k] for s in seen]
-            if max(values):
-                spread = max(spread, (max(values) - min(values)) / max(values))
-    return min(AUTO_MARGIN_CAP, max(AUTO_MARGIN_FLOOR, AUTO_MARGIN_SPREADS * spread))
+            spread = (max(values) - min(values)) / max(values) if max(values) else 0.0
+            block.append(min(AUTO_MARGIN_CAP, max(AUTO_MARGIN_FLOOR, AUTO_MARGIN_SPREADS * spread)))
+        margins.append(block)
+    return margins
 
 
 def batch_sizes(b) -> tuple[tuple[int, int, int], ...]:
@@ -191,7 +194,7 @@ class GraphedStep:
         self.outs: list = []
         self.note = ""
         self.replays = self.misses = self.eager = 0
-        self.margin_used = None   # the margin the capacities took (auto: from the warm-up batches)
+        self.margin_used = None   # per block, each size's margin the capacities took
         self._filled = None   # per block, the replayed batches' (sources, edges) summed: their fill
         self._turn = 0
         self._fill_stream = None   # with two sets: the copies' stream
@@ -242,19 +245,22 @@ class GraphedStep:
         return out
 
     def capacities(self):
-        """Each block's (sources, targets, edges) capacity: the largest seen plus the margin (kept
+        """Each block's (sources, targets, edges) capacity: the largest seen plus its margin (kept
         in ``margin_used``), with a padding target row; the last block's targets are the seeds
         (the batch size plus one), a block's targets are the next one's sources, and a block has
         at least as many sources as targets (its targets are its first sources)."""
-        self.margin_used = auto_margin(self.seen) if self.margin == "auto" else float(self.margin)
-        grow = 1.0 + self.margin_used
         n = len(self.seen[0])
+        if self.margin == "auto":
+            self.margin_used = auto_margins(self.seen)
+        else:
+            self.margin_used = [[float(self.margin)] * 3 for _ in range(n)]
         most = [[max(s[i][k] for s in self.seen) for k in range(3)] for i in range(n)]
         caps = [None] * n
         targets = self.batch_size + 1
         for i in reversed(range(n)):
-            sources = max(int(most[i][0] * grow) + 1, targets)
-            caps[i] = (sources, targets, int(most[i][2] * grow) + 1)
+            grow = [1.0 + m for m in self.margin_used[i]]
+            sources = max(int(most[i][0] * grow[0]) + 1, targets)
+            caps[i] = (sources, targets, int(most[i][2] * grow[2]) + 1)
             targets = sources
         return caps
 

@@ -164,8 +164,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --cuda-graph: the captured step's capacities exceed the largest of the 3 eager "
                         "batches by this share (0 to 1); each replay computes at full capacity, so a smaller "
                         "margin pads less, and a batch past it steps eagerly (slower; counted as a miss). "
-                        "auto: four times the eager batches' largest relative spread in size, from 0.02 to "
-                        "0.1 (default: auto)")
+                        "auto: each size of each block (sources, edges) its own, four times its relative "
+                        "spread over the eager batches, from 0.02 to 0.1 (default: auto)")
     p.add_argument("--prefetch", type=nonneg_int, default=2,
                    help="batches prepared ahead by the loader thread; 0 = no overlap (default: %(default)s)")
     p.add_argument("--sample-ahead", type=positive(int), nargs="?", const=1, default=0, metavar="THREADS",
