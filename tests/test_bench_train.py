@@ -110,6 +110,21 @@ class TestHostSideLines(TestCase):
         self.assertIn("unified: the loop took 1.234 ms on average to get the GIL back after letting it go", out.getvalue())
         self.assertNotIn("gpu_resident: the loop took", out.getvalue())
 
+    def test_the_captured_steps_fit_is_printed_where_it_replayed(self):
+        from torch_direct.gnn.bench.common import print_host_side
+        row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
+               "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
+               "gather_parts": {}, "cuda_graph": {"replays": 1176, "misses": 2, "fill": [[0.9669, 0.9667], [0.9, 0.9]],
+                                                 "margin_used": [[0.02, 0.02, 0.04], [0.1, 0.02, 0.1]]}}
+        eager = dict(row, pipeline="gpu_resident", cuda_graph={"replays": 0, "misses": 0, "fill": None})
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            print_host_side([row, eager])
+        self.assertIn("unified: the captured step: 1176 replays, 2 misses (stepped eagerly); the batches filled "
+                      "0.967 of the first block's padded sources and 0.967 of its edges (its sources' margin 0.020)",
+                      out.getvalue())
+        self.assertNotIn("gpu_resident: the captured step", out.getvalue())
+
 
 class TestBenchTrainCPU(_Tiny):
     """One run of every pipeline on the CPU, shared by the checks below."""

@@ -89,8 +89,8 @@ def _secs(v) -> str:
 
 def print_host_side(rows: list[dict]) -> None:
     """Under bench train's table, each run's CPU side: the training step's host time beside its
-    GPU time, the loop's wait for a core, the process's CPU seconds and the loader threads', and
-    the host time of the feature gathers' parts."""
+    GPU time, the loop's wait for a core, the process's CPU seconds and the loader threads', the
+    host time of the feature gathers' parts, and how the captured step's batches fit it."""
     for r in rows:
         if r["status"] != "ok" or "train_step_host_s" not in r:
             continue
@@ -112,3 +112,10 @@ def print_host_side(rows: list[dict]) -> None:
             print(f"{r['pipeline']}: the feature gathers' parts in the epoch (host seconds summed over the "
                   "gathering threads, calls): " + ", ".join(f"{name.replace('_', ' ')} {_secs(p['s'])} s "
                                                             f"({p['calls']:.0f})" for name, p in parts.items()))
+        graph = r.get("cuda_graph") or {}
+        if graph.get("fill"):
+            fill, margins = graph["fill"][0], graph.get("margin_used") or [[None] * 3]
+            margin = "?" if margins[0][0] is None else f"{margins[0][0]:.3f}"
+            print(f"{r['pipeline']}: the captured step: {graph['replays']} replays, {graph['misses']} misses "
+                  f"(stepped eagerly); the batches filled {fill[0]:.3f} of the first block's padded sources and "
+                  f"{fill[1]:.3f} of its edges (its sources' margin {margin})")
