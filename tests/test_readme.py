@@ -1,6 +1,10 @@
-"""The README documents every environment variable the package and its build read."""
+"""The README documents every environment variable the package and its build read, and its
+first screen's main-job command runs."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -50,6 +54,33 @@ class TestEnvironmentTable(TestCase):
         table = readme[readme.index("| setting | read by |"):]
         rows = re.findall(r"^\| `([a-z_]+)` \|", table.split("\n\n")[0], re.M)
         self.assertEqual(rows, core)
+
+
+class TestFirstScreen(TestCase):
+    def main_job(self) -> list[str]:
+        """The README's first command block's main job (the part after the install's last ``&&``)."""
+        readme = (ROOT / "README.md").read_text()
+        block = readme[readme.index("```bash"):readme.index("```", readme.index("```bash") + 7)]
+        line = next(ln for ln in block.splitlines() if "python -m torch_direct" in ln and not ln.startswith("#"))
+        return line.split("&&")[-1].split()
+
+    def run_module(self, argv):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        return subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=600)
+
+    def test_the_main_job_runs_and_checks_its_gathers(self):
+        argv = self.main_job()
+        self.assertEqual(argv, ["python", "-m", "torch_direct", "demo"])   # the scan finds what it should
+        r = self.run_module(argv)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("matches CPU gather: True", r.stdout)
+        self.assertIn("allocated_bytes", r.stdout)
+
+    def test_the_main_job_refuses_bad_sizes(self):
+        r = self.run_module(self.main_job() + ["--rows", "0"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("demo: --rows, --dim, --batch and --repeats must be positive", r.stderr)
 
 
 if __name__ == "__main__":
