@@ -597,7 +597,9 @@ class TestPipelinedLoader(TestCase):
 
     def test_gather_parts_of_an_epoch(self):
         # The split cached gather's host wait for its misses and its read of them, per epoch,
-        # summed over two gathering threads: one lookup a gather, one read of misses where any.
+        # summed over two gathering threads: one lookup a gather, one read of misses where any;
+        # with two, the threads' waits too: for a sampled batch (a take each, the end's and the
+        # last ones' included), for their turn (each gather, the end's too), for the queue.
         rows, dim = self.ds.x.shape
         with torch_direct.experimental(cached_gather="split"):   # a quarter of the rows cached
             store = make_feature_store("unified", self.ds.x, "cpu", cache_bytes=rows // 4 * dim * 4,
@@ -611,7 +613,13 @@ class TestPipelinedLoader(TestCase):
                         self.assertEqual(b.x, self.ds.x[b.n_id])
                         n += 1
                     parts = loader.stats()["gather_parts"]
-                    self.assertEqual(set(parts), {"lookup_wait", "hits", "misses"}, msg=workers)
+                    waits = {"thread_wait_sampled", "thread_wait_turn", "thread_wait_queue"}
+                    self.assertEqual(set(parts), {"lookup_wait", "hits", "misses"} | (waits if workers > 1 else set()),
+                                     msg=workers)
+                    if workers > 1:
+                        self.assertEqual(parts["thread_wait_queue"]["calls"], n)
+                        self.assertEqual(parts["thread_wait_turn"]["calls"], n + 1)
+                        self.assertGreaterEqual(parts["thread_wait_sampled"]["calls"], n + 1)
                     self.assertEqual(parts["lookup_wait"]["calls"], n)        # merge_gathers=1: a gather a batch
                     self.assertEqual(parts["hits"]["calls"], n)
                     self.assertTrue(0 < parts["misses"]["calls"] <= n)

@@ -47,6 +47,7 @@ from .features import FeatureStore, check_device
 from .sampling import END, Failure, put, sampling_threads, timed_samples
 from .stages import STAGES, Batch, Stages, batch_tensors  # noqa: F401  (Batch, STAGES: the loader's)
 from .timing import Timer, parts_since, split_by_busy
+from .turns import Turns, gather_in_turn
 
 STREAM_PRIORITIES = ("normal", "high")
 
@@ -78,92 +79,12 @@ def _produce(stages: Stages, it, timer: Timer, q: queue.Queue, stop: threading.E
             put(q, Failure(e), stop)
 
 
-class _Turns:
-    """The gathering threads' shared state: the sampled batches are handed out one gather at a
-    time, numbered, and each thread puts its batches into the queue in that order."""
-
-    def __init__(self, stages: Stages, sampled):
-        self.stages, self.sampled = stages, sampled
-        self._take = threading.Lock()
-        self._turn = threading.Condition()
-        self.taken = 0        # gathers handed out
-        self.done = 0         # gathers whose batches (or END, or a Failure) are in the queue
-        self.ended = False    # the sampled batches ran out, or drawing them failed
-
-    def take(self, stream):
-        """``(number, sampled batches, error)`` of the next gather, drawn in ``stream``'s
-        context; the batches are empty for the thread that finds the epoch's end, and None
-        comes to every thread after it."""
-        with self._take:
-            if self.ended:
-                return None
-            n = self.taken
-            self.taken += 1
-            try:
-                sbs = self.stages.take(self.sampled, stream)
-            except BaseException as e:  # noqa: BLE001 - put in the queue in its turn
-                self.ended = True
-                return n, None, e
-            self.ended = not sbs
-            return n, sbs, None
-
-    def wait(self, n: int, stop: threading.Event) -> bool:
-        """Wait until gather ``n`` is next to go into the queue; False if stopped first."""
-        with self._turn:
-            while self.done != n:
-                if stop.is_set():
-                    return False
-                self._turn.wait(0.05)
-        return not stop.is_set()
-
-    def next(self) -> None:
-        with self._turn:
-            self.done += 1
-            self._turn.notify_all()
-
-
-def _gather_in_turn(stages: Stages, turns: _Turns, stream, timer: Timer, q: queue.Queue,
-                    stop: threading.Event) -> None:
-    """A gathering thread's body (``gather_workers`` > 1): take a gather's sampled batches,
-    make them on ``stream`` while the other threads make theirs, and put them into the queue
-    in the epoch's order. An error goes into the queue in its batch's turn."""
-    with timer.thread_use("loader"):
-        if stages.cuda:
-            torch.cuda.set_device(stages.device)
-        while not stop.is_set():
-            got = turns.take(stream)
-            if got is None:
-                return
-            n, sbs, err = got
-            items = []
-            if err is None and sbs:
-                try:
-                    items = stages.make(sbs, timer, stream)
-                except BaseException as e:  # noqa: BLE001 - handed to the training loop
-                    err = e
-            if not turns.wait(n, stop):
-                return
-            try:
-                if err is not None:
-                    turns.ended = True
-                    put(q, Failure(err), stop)
-                    return
-                if not sbs:
-                    put(q, END, stop)
-                    return
-                for item in items:
-                    if not put(q, item, stop):
-                        return
-            finally:
-                turns.next()
-
-
 class _Epoch:
     """The iterator of one epoch (see :class:`PipelinedLoader`)."""
 
     def __init__(self, stages: Stages, seeds: list, prefetch: int):
         self.stages = stages
-        self.timer, self.gather_parts = Timer(stages.cuda, STAGES, host_floor=True), parts_since(stages.features)
+        self.timer = Timer(stages.cuda, STAGES, host_floor=True)
         self.wait = 0.0
         self.batches = 0
         self.done = False
@@ -178,6 +99,9 @@ class _Epoch:
         else:  # sampled in the loader's thread, on its stream, as each batch is made
             sampled = timed_samples(stages.sample_iter(seeds), self.timer, stages.stream)
         workers = len(stages.gather_streams)
+        turns = Turns(stages, sampled) if prefetch > 0 and workers > 1 else None
+        # where the gathers' time goes, and (several gathering threads) the threads' waits
+        self.gather_parts = parts_since(stages.features, turns.waits if turns is not None else None)
         # the batches made one after another (in the loop, or in the one producer thread)
         self._it = stages.batch_iter(sampled, self.timer) if workers == 1 else None
         if prefetch > 0:
@@ -186,8 +110,7 @@ class _Epoch:
                 self.threads = [threading.Thread(target=_produce, name="torch_direct-loader", daemon=True,
                                                  args=(stages, self._it, self.timer, self.q, self.stop))]
             else:   # several gathers in flight, each thread's on its own stream (PipelinedLoader)
-                turns = _Turns(stages, sampled)
-                self.threads = [threading.Thread(target=_gather_in_turn, name=f"torch_direct-loader-{i}",
+                self.threads = [threading.Thread(target=gather_in_turn, name=f"torch_direct-loader-{i}",
                                                  daemon=True,
                                                  args=(stages, turns, stream, self.timer, self.q, self.stop))
                                 for i, stream in enumerate(stages.gather_streams)]

@@ -32,11 +32,14 @@ class Parts:
             return dict(self._parts)
 
 
-def parts_since(store):
+def parts_since(store, extra: "Parts | None" = None):
     """A function that gives ``{part: {"s": seconds, "calls": n}}`` of ``store``'s gathers (a
-    cached store's and the store under it, and the process's hybrid gathers) since this call."""
+    cached store's and the store under it, and the process's hybrid gathers), and of ``extra``'s
+    parts, since this call."""
     def now() -> dict:
         out, seen = torch_direct.hybrid_gather_parts(), set()
+        if extra is not None:
+            out.update(extra.snapshot())
         st = store
         while st is not None and id(st) not in seen:
             seen.add(id(st))
