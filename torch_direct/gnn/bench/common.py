@@ -114,8 +114,8 @@ def print_host_side(rows: list[dict]) -> None:
                                                             f"({p['calls']:.0f})" for name, p in parts.items()))
         graph = r.get("cuda_graph") or {}
         if graph.get("fill"):
-            fill, margins = graph["fill"][0], graph.get("margin_used") or [[None] * 3]
-            margin = "?" if margins[0][0] is None else f"{margins[0][0]:.3f}"
+            # a fill means replays, so the capacities, and the margins they took, were set
+            fill, margin = graph["fill"][0], graph["margin_used"][0][0]
             print(f"{r['pipeline']}: the captured step: {graph['replays']} replays, {graph['misses']} misses "
                   f"(stepped eagerly); the batches filled {fill[0]:.3f} of the first block's padded sources and "
-                  f"{fill[1]:.3f} of its edges (its sources' margin {margin})")
+                  f"{fill[1]:.3f} of its edges (its sources' margin {margin:.3f})")
