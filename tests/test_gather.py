@@ -223,6 +223,9 @@ class TestCpuThreads(TestCase):
         with torch_direct.experimental(cpu_gather_stores="nt"):
             with self.assertRaisesRegex(RuntimeError, "cpu_gather_stores must be plain or streaming, not 'nt'"):
                 torch_direct.gather(u, idx)
+        with torch_direct.experimental(hybrid_copies="async"):   # checked by every gather, the CPU's too
+            with self.assertRaisesRegex(RuntimeError, "hybrid_copies must be wait or ordered, not 'async'"):
+                torch_direct.gather(u, idx)
 
     @extension_only("_parallel_concurrent_peak is a test hook of the extension's module")
     def test_calls_at_once_each_get_the_threads_they_asked_for(self):
@@ -790,6 +793,32 @@ class TestGatherKernelCUDA(TestCase):
         expected = torch.zeros(20, 32)
         expected[:10] = 1
         self.assertEqual(y.cpu(), expected)
+
+    @extension_only("the fork keeps no hybrid gather counters")
+    def test_hybrid_ordered_copies(self):
+        # hybrid_copies=ordered: the call returns with its CPU rows' copies queued and the stream
+        # ordered after them, without waiting (its copy wait stays 0); their pinned staging goes back
+        # to the host allocator only once they are done, so back-to-back gathers of one size, which
+        # take the same cached staging block, each still get their own rows.
+        src = torch.randn(40000, 32)
+        u = src.to("unified")
+        idxs = [torch.randint(0, 40000, (60000,)) for _ in range(6)]
+        before = torch_direct.hybrid_gather_parts().get("hybrid_copy_wait", (0.0, 0))
+        with torch_direct.experimental(hybrid_copies="ordered"):
+            ys = [torch_direct.gather(u, i.cuda(), cpu_threads=2, cpu_fraction=frac)
+                  for i, frac in zip(idxs, (1.0, 1.0, 0.5, 1.0, 1.0, 0.7))]
+            got = [y.cpu() for y in ys]
+        after = torch_direct.hybrid_gather_parts()["hybrid_copy_wait"]
+        self.assertEqual(after[1] - before[1], 6)
+        self.assertEqual(after[0], before[0])   # no call waited for its copies
+        for k, (i, y) in enumerate(zip(idxs, got)):
+            self.assertEqual(y, src[i], msg=f"gather {k}")
+        # on a side stream, read there: the same rows
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s), torch_direct.experimental(hybrid_copies="ordered"):
+            y = torch_direct.gather(u, idxs[0].cuda(), cpu_threads=2, cpu_fraction=1.0, dtype=torch.float16)
+            doubled = (y * 2).cpu()   # a kernel on that stream after the copies, then a copy back
+        self.assertEqual(doubled, src[idxs[0]].half() * 2)
 
     @extension_only("the fork keeps no hybrid gather counters")
     def test_hybrid_parts_count_each_call(self):

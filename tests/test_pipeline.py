@@ -780,13 +780,46 @@ class TestPipelinedLoader(TestCase):
         for ahead, merge in ((1, 1), (2, 1), (1, 2)):
             one = epochs(1, ahead, merge)
             self.assertGreater(len(one[0]), 8)   # more gathers than threads and queue places
-            for workers in (2, 3):
-                many = epochs(workers, ahead, merge)
+            for workers, turns in ((2, "wait"), (3, "wait"), (2, "deposit"), (3, "deposit")):
+                with torch_direct.experimental(gather_turns=turns):
+                    many = epochs(workers, ahead, merge)
                 for e1, e2 in zip(one, many, strict=True):
                     self.assertEqual(len(e1), len(e2))
                     for (n1, a1), (n2, a2) in zip(e1, e2):
-                        self.assertEqual(n1, n2, msg=f"workers={workers} sample_ahead={ahead} merge={merge}")
+                        self.assertEqual(n1, n2, msg=f"workers={workers} {turns} sample_ahead={ahead} merge={merge}")
                         self.assertEqual(a1, a2)
+
+    def test_deposited_gathers_let_a_thread_go_on(self):
+        # gather_turns=deposit: the first gather waits (up to 5 s) until two later ones are done.
+        # Only a thread that left its finished gather to be queued in its turn and took another
+        # can do both while the first is still inside its gather; the batches still come in order.
+        store = make_feature_store("unified", self.ds.x, "cpu")
+        inner, lock, two_more = store.read, threading.Lock(), threading.Event()
+        state = {"reads": 0, "done": 0, "met": None}
+
+        def read(idx, device):
+            with lock:
+                state["reads"] += 1
+                first = state["reads"] == 1
+            if first:
+                state["met"] = two_more.wait(5)   # False: no other gather got done meanwhile
+            out = inner(idx, device)
+            with lock:
+                state["done"] += 1
+                if state["done"] >= 2 and not first:
+                    two_more.set()
+            return out
+
+        store.read = read
+        with torch_direct.experimental(gather_turns="deposit"):
+            with PipelinedLoader(self.sampler, store, self.ids, 128, labels=self.ds.y, prefetch=2, sample_ahead=True,
+                                 gather_workers=2, shuffle=False) as loader:
+                got = [b.n_id[:b.batch_size] for b in loader]
+                waits = loader.stats()["gather_parts"]
+        self.assertTrue(state["met"])
+        self.assertEqual(torch.cat(got), self.ids)   # in the epoch's order all the same
+        self.assertEqual(waits["thread_wait_queue"]["calls"], len(got))   # one a batch put into the queue
+        self.assertEqual(_loader_threads(), [])
 
     def test_gathering_threads_gather_at_once(self):
         # The first read waits (up to 5 s) for a second one to start: only a second gathering
@@ -852,20 +885,23 @@ class TestPipelinedLoader(TestCase):
             return inner(idx, device)
 
         store.read = read
-        for workers in (2, 3):
-            with PipelinedLoader(self.sampler, store, self.ids, 128, labels=self.ds.y, prefetch=2, shuffle=False,
-                                 sample_ahead=True, gather_workers=workers) as loader:
+        for workers, turns in ((2, "wait"), (3, "wait"), (2, "deposit"), (3, "deposit")):
+            with torch_direct.experimental(gather_turns=turns), \
+                    PipelinedLoader(self.sampler, store, self.ids, 128, labels=self.ds.y, prefetch=2, shuffle=False,
+                                    sample_ahead=True, gather_workers=workers) as loader:
                 got = []
                 with self.assertRaisesRegex(KeyError, "on purpose"):
                     for b in loader:
                         got.append(b.n_id[:b.batch_size])
-                self.assertEqual(torch.cat(got), self.ids[:256])   # the two before it, in order
+                self.assertEqual(torch.cat(got), self.ids[:256], msg=turns)   # the two before it, in order
             self.assertEqual(_loader_threads(), [])
 
     def test_worker_error_surfaces_in_the_loop(self):
-        for prefetch, ahead, workers in ((0, False, 1), (2, False, 1), (2, True, 1), (2, True, 2), (2, True, 3)):
+        for prefetch, ahead, workers, turns in ((0, False, 1, "wait"), (2, False, 1, "wait"), (2, True, 1, "wait"),
+                                                (2, True, 2, "wait"), (2, True, 3, "wait"), (2, True, 3, "deposit")):
             sampler = _ListSampler(self.sampler, fail_at=3)
-            with self.loader(sampler, prefetch=prefetch, sample_ahead=ahead, gather_workers=workers) as loader:
+            with torch_direct.experimental(gather_turns=turns), \
+                    self.loader(sampler, prefetch=prefetch, sample_ahead=ahead, gather_workers=workers) as loader:
                 got = 0
                 with self.assertRaisesRegex(KeyError, "on purpose"):
                     for _ in loader:

@@ -350,6 +350,8 @@ class TestTrain(TestCase):
                        ({"cpu_pool_nice": "-1"}, "cpu_pool_nice must be an integer from 0 to 19, not '-1'"),
                        ({"cpu_pool_size": "all"}, "cpu_pool_size must be concurrent or largest, not 'all'"),
                        ({"cpu_gather_stores": "nt"}, "cpu_gather_stores must be plain or streaming, not 'nt'"),
+                       ({"hybrid_copies": "async"}, "hybrid_copies must be wait or ordered, not 'async'"),
+                       ({"gather_turns": "skip"}, "gather_turns must be wait or deposit, not 'skip'"),
                        ({"step_host": "cpp"}, "step_host must be fused or python, not 'cpp'"),
                        ({"store_index_bounds": "trusted"}, "store_index_bounds must be checked or known, not 'trusted'")]
             if not torch_direct.cuda_available():

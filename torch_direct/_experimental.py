@@ -62,6 +62,13 @@ SETTINGS = {
     "step_host": "fused | python: python = the graphed step's copy of each batch into its padded buffers and "
                  "the training loop's loss and accuracy tally issue their ATen ops one Python call at a time "
                  "(default: fused: one C++ call each, without the GIL)",
+    "hybrid_copies": "wait | ordered: ordered = a hybrid gather (gather with cpu_threads) returns once its CPU rows' "
+                     "copies to the GPU are queued, the current stream ordered after them and their pinned "
+                     "staging kept until they are done, instead of waiting for them (default: wait)",
+    "gather_turns": "wait | deposit: deposit = the GNN loader's gathering threads (train --gather-workers) leave a "
+                    "gather done before an earlier one to be queued in its turn and go on to the next, at most "
+                    "twice as many gathers as threads taken ahead, instead of each waiting for its turn to "
+                    "queue its own (the same batches in the same order; default: wait)",
 }
 
 

@@ -41,6 +41,8 @@ constexpr const char* kSettings[] = {
     "gil_switch_us",        // int >= 1: the GIL's switch interval while the GNN stack trains (Python)
     "store_index_bounds",   // checked | known: the GNN feature stores pass gather their own indices' bounds (Python)
     "step_host",            // fused | python: a training step's host-side copies and tally in one call (Python)
+    "hybrid_copies",        // wait | ordered: a hybrid gather waits for its CPU rows' copies, or orders its stream
+    "gather_turns",         // wait | deposit: how the GNN loader's gathering threads queue in order (Python)
 };
 
 [[maybe_unused]] bool known(const std::string& name) {

@@ -193,6 +193,14 @@ int64_t row_width(const at::Tensor& table) {
   return w;
 }
 
+bool hybrid_copies_ordered() {
+  namespace ex = torch_direct::experimental;
+  const auto v = ex::get("hybrid_copies");
+  TORCH_CHECK(!v || *v == "wait" || *v == "ordered", ex::kVariable, ": hybrid_copies must be wait or ordered, not '",
+              *v, "'");
+  return v && *v == "ordered";
+}
+
 void check_gather_settings() {
   namespace ex = torch_direct::experimental;
   if (const auto k = ex::get("gather_kernel")) {
@@ -207,6 +215,7 @@ void check_gather_settings() {
   ex::get_int("cpu_gather_prefetch", 0, 0);
   pool_sized_to_largest_call();  // checks cpu_pool_size
   streaming_stores();            // checks cpu_gather_stores
+  hybrid_copies_ordered();       // checks hybrid_copies
 }
 
 bool cpu_gather_on_torch_threads(int64_t max_threads) {

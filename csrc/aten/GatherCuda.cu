@@ -28,6 +28,7 @@
 #include "c10_allocator/Text.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -613,6 +614,7 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
   double f = cpu_fraction < 0 ? fraction_for(key) : cpu_fraction;
   f = std::min(1.0, std::max(0.0, f));
   const int64_t k = static_cast<int64_t>(std::llround(f * static_cast<double>(n)));
+  const bool ordered_copies = hybrid_copies_ordered();
 
   // The CPU part's indices come to the host under the same sync as the check.
   auto stream = c10::cuda::getCurrentCUDAStream();
@@ -687,13 +689,19 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
       cudaStreamSynchronize(side.stream());  // no copy may still read staging once it is released
       throw;
     }
-    // staging is released at the end of this block: its copies are waited for below, before that
     c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), side);
     C10_CUDA_CHECK(cudaEventRecord(c1, side.stream()));
     C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), c1, 0));
-    const auto tc = std::chrono::steady_clock::now();
-    C10_CUDA_CHECK(cudaEventSynchronize(c1));
-    copy_wait = seconds_since(tc);
+    // ordered: staging goes back to the host allocator at the end of this block, which hands it
+    // out again only once the side stream's copies are done, and the caller's stream waits for
+    // them; otherwise (or where staging is not the allocator's) the copies are waited for here
+    const at::DataPtr& held = staging.storage().data_ptr();
+    if (!ordered_copies ||
+        !at::getHostAllocator(at::kCUDA)->record_event(held.get(), held.get_context(), side.unwrap())) {
+      const auto tc = std::chrono::steady_clock::now();
+      C10_CUDA_CHECK(cudaEventSynchronize(c1));
+      copy_wait = seconds_since(tc);
+    }
   }
   const double t_cpu = seconds_since(t0);
   const auto tg = std::chrono::steady_clock::now();

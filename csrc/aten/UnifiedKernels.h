@@ -122,6 +122,10 @@ TORCH_DIRECT_ATEN_API at::Tensor& gather_rows_cpu(const at::Tensor& table, const
 // may use all of them, unless the experimental gather_own_pool=1 is set.
 TORCH_DIRECT_ATEN_API bool cpu_gather_on_torch_threads(int64_t max_threads);
 
+// Whether a hybrid gather orders the current stream after its CPU rows' copies
+// and returns (experimental hybrid_copies=ordered) instead of waiting for them.
+TORCH_DIRECT_ATEN_API bool hybrid_copies_ordered();
+
 // Refuses (TORCH_CHECK) a bad value of any experimental gather setting
 // (Experimental.h); every gather calls it before it starts.
 TORCH_DIRECT_ATEN_API void check_gather_settings();

@@ -47,7 +47,7 @@ from .features import FeatureStore, check_device
 from .sampling import END, Failure, put, sampling_threads, timed_samples
 from .stages import STAGES, Batch, Stages, batch_tensors  # noqa: F401  (Batch, STAGES: the loader's)
 from .timing import Timer, parts_since, split_by_busy
-from .turns import Turns, gather_in_turn
+from .turns import Turns, gather_in_turn, gather_turns
 
 STREAM_PRIORITIES = ("normal", "high")
 
@@ -99,7 +99,8 @@ class _Epoch:
         else:  # sampled in the loader's thread, on its stream, as each batch is made
             sampled = timed_samples(stages.sample_iter(seeds), self.timer, stages.stream)
         workers = len(stages.gather_streams)
-        turns = Turns(stages, sampled) if prefetch > 0 and workers > 1 else None
+        turns = (Turns(stages, sampled, workers, gather_turns() == "deposit", self.stop)
+                 if prefetch > 0 and workers > 1 else None)
         # where the gathers' time goes, and (several gathering threads) the threads' waits
         self.gather_parts = parts_since(stages.features, turns.waits if turns is not None else None)
         # the batches made one after another (in the loop, or in the one producer thread)

@@ -264,15 +264,18 @@ def check_options(args, device) -> None:
 
     from .features import hybrid_split, store_index_bounds
     from .graphed import step_host
+    from .turns import gather_turns
     from .pages import feature_pages
     hybrid_split()            # refuses a setting that is not one of its splits
     pages = feature_pages()   # refuses a setting that is not one of its pages
     experimental_int("gil_switch_us", 1)
     step_host()               # refuses a setting that is not fused or python
+    gather_turns()            # refuses a setting that is not wait or deposit
     store_index_bounds()      # refuses a setting that is not checked or known
     experimental_int("cpu_pool_nice", 0, 19)   # read by the C++ pool at its first use: refused here first
     torch_direct.experimental_setting("cpu_pool_size", choices=("concurrent", "largest"))  # read by the C++ pool
     torch_direct.experimental_setting("cpu_gather_stores", choices=("plain", "streaming"))  # by the CPU gather
+    torch_direct.experimental_setting("hybrid_copies", choices=("wait", "ordered"))  # by the hybrid gather
     if pages == "driver" and (torch.device(device).type != "cuda" or not torch_direct.cuda_available()):
         raise ValueError("TORCH_DIRECT_EXPERIMENTAL: feature_pages=driver needs a CUDA GPU (the driver "
                          f"allocates and maps the table), and this run's device is {device}")
