@@ -28,7 +28,7 @@
 #include "c10_allocator/Text.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/CachingHostAllocator.h>
+#include <ATen/cuda/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -36,6 +36,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
+#include <torch/version.h>
 
 #include <cub/device/device_radix_sort.cuh>
 
@@ -592,6 +593,20 @@ at::Tensor& gather_rows_scaled_cuda(const at::Tensor& table, const at::Tensor& i
   return out;
 }
 
+namespace {
+// Tells the CUDA host allocator that `held` (a pinned block of its own) is read by work queued on
+// `stream`: it hands the block out again only once that work is done. False where the block is
+// not the allocator's. Newer torch renamed the call and deprecated the old name: the new one
+// from torch 2.11 on, the old one before (the fork's 2.6).
+bool record_host_copies(const at::DataPtr& held, c10::cuda::CUDAStream stream) {
+#if defined(TORCH_VERSION_MINOR) && (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 11)
+  return at::getHostAllocator(at::kCUDA)->record_event(held.get(), held.get_context(), stream.unwrap());
+#else
+  return at::cuda::CachingHostAllocator_recordEvent(held.get(), held.get_context(), stream);
+#endif
+}
+}  // namespace
+
 double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::Tensor& out,
                           int64_t cpu_threads, double cpu_fraction, GatherOrder order,
                           int64_t max_sms, const char* op) {
@@ -696,8 +711,7 @@ double gather_rows_hybrid(const at::Tensor& table, const at::Tensor& index, at::
     // out again only once the side stream's copies are done, and the caller's stream waits for
     // them; otherwise (or where staging is not the allocator's) the copies are waited for here
     const at::DataPtr& held = staging.storage().data_ptr();
-    if (!ordered_copies ||
-        !at::getHostAllocator(at::kCUDA)->record_event(held.get(), held.get_context(), side.unwrap())) {
+    if (!ordered_copies || !record_host_copies(held, side)) {
       const auto tc = std::chrono::steady_clock::now();
       C10_CUDA_CHECK(cudaEventSynchronize(c1));
       copy_wait = seconds_since(tc);
