@@ -87,7 +87,8 @@ def gather(table: torch.Tensor, index: torch.Tensor, *, dtype: torch.dtype | Non
     size class (below 8 GiB or not; see :func:`hybrid_cpu_fraction`), or is
     ``cpu_fraction`` when given. A hybrid call returns when its rows are on
     the GPU (with the experimental setting ``hybrid_copies=ordered``, once the
-    copies of its CPU rows are queued, the current stream ordered after them). ``cpu_threads=0`` (the default) is purely GPU-centric.
+    copies of its CPU rows are queued, the current stream ordered after them).
+    ``cpu_threads=0`` (the default) is purely GPU-centric.
 
     ``index_bounds=(lo, hi)`` states that every value of ``index`` lies in
     ``[lo, hi]`` (``0 <= lo <= hi``), as for an index the caller made itself (an

@@ -264,8 +264,8 @@ def check_options(args, device) -> None:
 
     from .features import hybrid_split, store_index_bounds
     from .graphed import step_host
-    from .turns import gather_turns
     from .pages import feature_pages
+    from .turns import gather_turns
     hybrid_split()            # refuses a setting that is not one of its splits
     pages = feature_pages()   # refuses a setting that is not one of its pages
     experimental_int("gil_switch_us", 1)
