@@ -113,7 +113,7 @@ class _Epoch:
             else:   # several gathers in flight, each thread's on its own stream (PipelinedLoader)
                 self.threads = [threading.Thread(target=gather_in_turn, name=f"torch_direct-loader-{i}",
                                                  daemon=True,
-                                                 args=(stages, turns, stream, self.timer, self.q, self.stop))
+                                                 args=(stages, turns, stream, self.timer, self.q))
                                 for i, stream in enumerate(stages.gather_streams)]
             weakref.finalize(self, self.stop.set)
             for thread, _ in self.samplers:

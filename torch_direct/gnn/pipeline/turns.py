@@ -87,14 +87,19 @@ class Turns:
             if self.deposit:
                 self.waits.add("thread_wait_turn", room)
 
-    def wait(self, n: int, stop: threading.Event) -> bool:
-        """Wait until gather ``n`` is next to go into the queue; False if stopped first."""
+    def _until(self, ready) -> bool:
+        """Wait until ``ready()`` holds (called under the turn's lock); False if the loader
+        stops first."""
         with self._turn:
-            while self.done != n:
-                if stop.is_set():
+            while not ready():
+                if self.stop.is_set():
                     return False
                 self._turn.wait(0.05)
-        return not stop.is_set()
+        return not self.stop.is_set()
+
+    def wait(self, n: int) -> bool:
+        """Wait until gather ``n`` is next to go into the queue; False if stopped first."""
+        return self._until(lambda: self.done == n)
 
     def next(self) -> None:
         with self._turn:
@@ -104,12 +109,18 @@ class Turns:
     def _room(self) -> bool:
         """deposit: wait until fewer than ``ahead`` gathers are taken and not yet queued; False
         if the loader stops first."""
-        with self._turn:
-            while self.taken - self.done >= self.ahead:
-                if self.stop.is_set():
-                    return False
-                self._turn.wait(0.05)
-        return not self.stop.is_set()
+        return self._until(lambda: self.taken - self.done < self.ahead)
+
+    def put(self, entries: list, batches: bool, q: queue.Queue) -> bool:
+        """Put one gather's entries into the queue (timed as the wait for the queue when they
+        are batches); False if the loader stops first."""
+        t0 = time.perf_counter()
+        for item in entries:
+            if not put(q, item, self.stop):
+                return False
+        if batches:
+            self.waits.add("thread_wait_queue", time.perf_counter() - t0)
+        return True
 
     def hand_over(self, n: int, entries: list, batches: bool, q: queue.Queue) -> bool:
         """deposit: leave gather ``n``'s entries (its batches, or END, or a Failure) to be put
@@ -126,25 +137,19 @@ class Turns:
                 if entries is None:
                     self._putting = False
                     return True
-            t0 = time.perf_counter()
-            for item in entries:
-                if not put(q, item, self.stop):
-                    return False
-            if batches:
-                self.waits.add("thread_wait_queue", time.perf_counter() - t0)
+            if not self.put(entries, batches, q):
+                return False
             self.next()
 
 
-def gather_in_turn(stages: Stages, turns: Turns, stream, timer: Timer, q: queue.Queue,
-                   stop: threading.Event) -> None:
+def gather_in_turn(stages: Stages, turns: Turns, stream, timer: Timer, q: queue.Queue) -> None:
     """A gathering thread's body: take a gather's sampled batches, make them on ``stream``
     while the other threads make theirs, and put them into the queue in the epoch's order. An
     error goes into the queue in its batch's turn."""
-    waits = turns.waits
     with timer.thread_use("loader"):
         if stages.cuda:
             torch.cuda.set_device(stages.device)
-        while not stop.is_set():
+        while not turns.stop.is_set():
             got = turns.take(stream)
             if got is None:
                 return
@@ -166,16 +171,12 @@ def gather_in_turn(stages: Stages, turns: Turns, stream, timer: Timer, q: queue.
                     return
                 continue
             t0 = time.perf_counter()
-            if not turns.wait(n, stop):
+            if not turns.wait(n):
                 return
-            waits.add("thread_wait_turn", time.perf_counter() - t0)
+            turns.waits.add("thread_wait_turn", time.perf_counter() - t0)
             try:
-                t0 = time.perf_counter()
-                for item in entries:
-                    if not put(q, item, stop):
-                        return
-                if batches:
-                    waits.add("thread_wait_queue", time.perf_counter() - t0)
+                if not turns.put(entries, batches, q):
+                    return
             finally:
                 turns.next()
             if not batches:
