@@ -221,6 +221,8 @@ class TestGraphedStep(_Tiny):
         for bad in (-1, "tight", float("nan")):
             with self.assertRaisesRegex(ValueError, "margin must be 'auto' or a number >= 0"):
                 GraphedStep(None, None, 64, margin=bad)
+        with self.assertRaisesRegex(ValueError, "buffers must be 1 or 2, got 3"):
+            GraphedStep(None, None, 64, buffers=3)
 
     def test_auto_margins_follow_each_sizes_spread(self):
         # each size of each block: four times its relative spread over the warm-up batches,
