@@ -110,6 +110,18 @@ class TestHostSideLines(TestCase):
         self.assertIn("unified: the loop took 1.234 ms on average to get the GIL back after letting it go", out.getvalue())
         self.assertNotIn("gpu_resident: the loop took", out.getvalue())
 
+    def test_steps_on_a_dry_stream_are_printed_where_counted(self):
+        from torch_direct.gnn.bench.common import print_host_side
+        row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
+               "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
+               "gather_parts": {}, "train_steps_dry": 812.0, "train_step_dry_host_s": 0.41234}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            print_host_side([row, dict(row, pipeline="pyg", train_steps_dry=None)])
+        self.assertIn("unified: 812 steps went to a training stream that had run dry (the GPU idle until the loop "
+                      "launched them; 0.412 s of the loop's time in those steps", out.getvalue())
+        self.assertNotIn("pyg: 812 steps", out.getvalue())
+
     def test_the_captured_steps_fit_is_printed_where_it_replayed(self):
         from torch_direct.gnn.bench.common import print_host_side
         row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,

@@ -218,6 +218,8 @@ class TestTrain(TestCase):
         self.assertGreaterEqual(ep["step_host"], ep["step_cpu"] * 0.9)
         rec = train.epoch_record(1, ep, {"wait": 0.0, "busy": {"sample": 0.0}, "batches": 3}, 0.5)
         self.assertEqual((rec["train_step_host_s"], rec["train_step_cpu_s"]), (ep["step_host"], ep["step_cpu"]))
+        # no stream on the CPU: no step is counted as handed to one that ran dry
+        self.assertEqual((rec["train_steps_dry"], rec["train_step_dry_host_s"]), (0, 0.0))
         if os.path.exists("/proc/thread-self/schedstat"):
             self.assertGreaterEqual(ep["run_delay"], 0.0)
             self.assertEqual(rec["loop_run_delay_s"], ep["run_delay"])
@@ -226,6 +228,36 @@ class TestTrain(TestCase):
         self.assertGreaterEqual(ep["gil_ms"], 0.0)   # steps 8 and 16 sampled
         self.assertEqual(train.epoch_record(1, ep, {"wait": 0.0, "busy": {}, "batches": 16}, 0.5)["loop_gil_wait_ms"],
                          ep["gil_ms"])
+
+    @unittest.skipUnless(torch_direct.cuda_available(), "needs a CUDA GPU: the training stream's state")
+    def test_steps_handed_to_a_dry_stream_are_counted(self):
+        # A step whose stream still runs the previous one is not counted; one that a slow loader
+        # hands over after the stream ran dry is, with the loop's time in its call.
+        dev = torch.device("cuda", 0)
+
+        class B:
+            batch_size = 2
+            y = torch.tensor([0, 1], device=dev)
+        out = torch.tensor([[1.0, 0.0], [0.0, 1.0]], device=dev)
+        loss = torch.tensor(1.0, device=dev)
+
+        def busy(b):   # tens of milliseconds of GPU time a step, queued without a host wait
+            torch.cuda._sleep(50_000_000)
+            return loss, out
+
+        def slow_loader(n):
+            for _ in range(n):
+                time.sleep(0.05)   # the stream's short steps are long done by then
+                yield B()
+        model = torch.nn.Linear(1, 1)
+        ep = train.train_epoch(model, None, [B()] * 4, dev, False, "t", step=busy)
+        self.assertEqual(ep["dry_steps"], 1)   # the first only: each later one queued behind the last
+        ep = train.train_epoch(model, None, slow_loader(4), dev, False, "t", step=lambda b: (loss, out))
+        self.assertEqual(ep["dry_steps"], 4)
+        self.assertGreater(ep["dry_step_host"], 0.0)
+        self.assertLessEqual(ep["dry_step_host"], ep["step_host"])
+        rec = train.epoch_record(1, ep, {"wait": 0.0, "busy": {}, "batches": 4}, 0.5)
+        self.assertEqual((rec["train_steps_dry"], rec["train_step_dry_host_s"]), (4, ep["dry_step_host"]))
 
     def test_gil_probe_times_getting_the_gil_back(self):
         # The probe lets the GIL go (time.sleep(0)) on every every-th tick and averages how long

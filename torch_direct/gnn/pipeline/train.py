@@ -143,8 +143,12 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     around each step; perf_counter on the CPU), the host's wall time inside the step calls
     and this thread's CPU time there (on CUDA, a step whose host side takes about as long as
     its stream time was paced by the host: by launches, or by a thread that waited for the
-    GIL or a core where the wall time exceeds the CPU time), the seconds this thread waited
-    for a core over the epoch (None where the kernel does not say), the process's CPU seconds
+    GIL or a core where the wall time exceeds the CPU time), the steps handed to a training
+    stream that had run dry (on CUDA: every earlier step done, the batch's data ready; such a
+    step's time then includes the host's launch of it, so a loader that keeps the loop waiting
+    lengthens the steps' stream time) and the loop's wall time inside those steps' calls, the
+    seconds this thread waited for a core over the epoch (None where the kernel does not say),
+    the process's CPU seconds
     over the epoch (every thread's, the loader's and the gathers' pools included), the summed
     loss and the correct and seen counts, as floats."""
     step_model.train()
@@ -152,6 +156,8 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     eager = lambda b: eager_step(step_model, opt, b)  # noqa: E731
     seen = 0
     cpu = 0.0
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    dry, dry_host = 0, 0.0
     tally = StepTally(device)
     gil = GilProbe()
     sync(device)
@@ -161,6 +167,7 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
         for i, b in enumerate(loader):
             if profiler is not None:
                 profiler.step(i)
+            ran_dry = stream is not None and stream.query()
             t = steps.start()
             c0 = time.thread_time()
             # while profiled, the trace marks each step's own work
@@ -172,13 +179,17 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
             seen += b.batch_size
             steps.stop("step", t)
             cpu += time.thread_time() - c0
+            if ran_dry:
+                dry += 1
+                dry_host += time.perf_counter() - t[1]
             gil.tick()   # outside the step's timing
             bar.update(1)
         sync(device)
     total = time.perf_counter() - t0
     process_cpu = time.process_time() - p0
     return {"total": total, "step": steps.total(), "step_host": steps.host_seconds.get("step", 0.0),
-            "step_cpu": cpu, "run_delay": steps.threads()["loop"]["run_delay_s"], "process_cpu": process_cpu,
+            "step_cpu": cpu, "dry_steps": dry, "dry_step_host": dry_host,
+            "run_delay": steps.threads()["loop"]["run_delay_s"], "process_cpu": process_cpu,
             "gil_ms": gil.mean_ms(),
             "loss": float(tally.loss), "correct": float(tally.correct), "seen": float(seen)}
 
@@ -188,7 +199,10 @@ def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
     GPU the host runs ahead, so its queue wait alone misses the stream waiting on a batch's
     event; never less than that wait), split over the stages by :func:`split_by_busy`. The
     training steps' host side: the loop's wall time inside the step calls
-    (``train_step_host_s``) and its thread's CPU time there (``train_step_cpu_s``), and the
+    (``train_step_host_s``) and its thread's CPU time there (``train_step_cpu_s``), the steps
+    handed to a training stream that had run dry and the loop's wall time in their calls
+    (``train_steps_dry``, ``train_step_dry_host_s``: time the steps' stream time counts though
+    the GPU idled, waiting for the host to launch them), and the
     seconds the loop's thread waited for a core in the epoch (``loop_run_delay_s``, None where
     unknown) and the mean milliseconds it took to get the GIL back after letting it go, sampled
     every ``timing.GIL_PROBE_EVERY`` steps (``loop_gil_wait_ms``: :class:`timing.GilProbe`; None
@@ -199,7 +213,8 @@ def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
     total, step, seen = ep["total"], ep["step"], ep["seen"]
     exposed = split_by_busy(max(stats["wait"], total - step), stats["busy"])
     return {"epoch": epoch, "total_s": total, "train_step_s": step, "train_step_host_s": ep["step_host"],
-            "train_step_cpu_s": ep["step_cpu"], "loop_run_delay_s": ep["run_delay"],
+            "train_step_cpu_s": ep["step_cpu"], "train_steps_dry": ep["dry_steps"],
+            "train_step_dry_host_s": ep["dry_step_host"], "loop_run_delay_s": ep["run_delay"],
             "loop_gil_wait_ms": ep["gil_ms"], "loader_wait_s": stats["wait"],
             "exposed_s": exposed, "busy_s": stats["busy"], "loader_threads": stats.get("threads", {}),
             "gather_parts": stats.get("gather_parts", {}),
