@@ -3,8 +3,10 @@ the top rows by each ranking. CPU only (the CPU sampler); a property of the grap
 fanouts, not a timing, so it is measured here and predicts the GPU cache's hit rate.
 
 Rankings: ``degree`` (row length), ``frequency`` (how many rows list the node), ``access``
-(``torch_direct.gnn.graph.access_frequency`` with the last fanout: what ``train --cache-mb`` uses)
-and ``oracle`` (the counted reads themselves: the best any ranking can do on these batches).
+(``torch_direct.gnn.graph.access_frequency`` with the last fanout: what ``train --cache-mb`` uses),
+``presampled`` (the reads of as many other batches, drawn with another seed order and sampler
+seed: a cache filled from a sampling pass before training, ties broken by ``access``) and
+``oracle`` (the counted reads themselves: the best any ranking can do on these batches).
 
     python experiments/cache_rank_probe.py --dataset products-like --fractions 0.1,0.27,0.3
 """
@@ -45,17 +47,23 @@ def main(argv=None):
     ds = load_dataset(a.dataset, root=a.root, show_progress=False)
     g = ds.graph
     train = ds.split["train"]
-    seeds = train[torch.randperm(train.numel(), generator=torch.Generator().manual_seed(0))]
-    sampler = NeighborSampler(g, a.fanouts, seed=0)
-    reads = torch.zeros(g.num_nodes, dtype=torch.float64)
-    n_batches = min(a.batches, seeds.numel() // a.batch_size)
+    n_batches = min(a.batches, train.numel() // a.batch_size)
     if n_batches < 1:
         raise ValueError(f"{a.dataset}'s {train.numel()} training nodes make no batch of {a.batch_size}")
-    for i in range(n_batches):
-        n_id = sampler.sample(seeds[i * a.batch_size:(i + 1) * a.batch_size]).n_id
-        reads.index_add_(0, n_id, torch.ones(n_id.numel(), dtype=torch.float64))
+    def count(order_seed: int, sampler_seed: int) -> torch.Tensor:
+        seeds = train[torch.randperm(train.numel(), generator=torch.Generator().manual_seed(order_seed))]
+        sampler = NeighborSampler(g, a.fanouts, seed=sampler_seed)
+        reads = torch.zeros(g.num_nodes, dtype=torch.float64)
+        for i in range(n_batches):
+            n_id = sampler.sample(seeds[i * a.batch_size:(i + 1) * a.batch_size]).n_id
+            reads.index_add_(0, n_id, torch.ones(n_id.numel(), dtype=torch.float64))
+        return reads
+
+    reads = count(0, 0)
+    access = access_frequency(g, a.fanouts[-1]).double()
+    presampled = count(1, 1) + access / (float(access.max()) + 1.0)   # reads first, then access
     scores = {"degree": g.degree().double(), "frequency": access_frequency(g).double(),
-              "access": access_frequency(g, a.fanouts[-1]).double(), "oracle": reads}
+              "access": access, "presampled": presampled, "oracle": reads}
     total = float(reads.sum())
     record = {"tool": "cache_rank_probe", "dataset": a.dataset, "fanouts": a.fanouts, "batch_size": a.batch_size,
               "batches": n_batches, "rows": g.num_nodes, "reads": total, "held": {}}

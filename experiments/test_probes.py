@@ -103,7 +103,7 @@ class TestCacheRankProbe(TestCase):
             rec = json.loads(out.read_text())
             self.assertEqual(set(rec["held"]), {"0.1", "0.5", "1.0"})
             for frac, held in rec["held"].items():
-                self.assertEqual(set(held), {"degree", "frequency", "access", "oracle"})
+                self.assertEqual(set(held), {"degree", "frequency", "access", "presampled", "oracle"})
                 for name, v in held.items():   # no ranking beats the reads themselves
                     self.assertLessEqual(v, held["oracle"] + 1e-12, msg=f"{frac} {name}")
                     self.assertGreater(v, 0.0)
