@@ -301,6 +301,9 @@ print(json.dumps({"peaks": peaks, "again": again, "added": grown - base, "after"
         import sys
         code = """
 import json, os, torch, torch_direct
+# the gather below asks for as many threads as the probes: with more (a machine's cores), the pool
+# would grow to new threads, some of which run no chunk under the setting and keep the base niceness
+torch.set_num_threads(3)
 out = {"base": os.getpriority(os.PRIO_PROCESS, 0), "plain": torch_direct._C._parallel_thread_nices(3)}
 src = torch.randn(150000, 4)
 u = src.to("unified")

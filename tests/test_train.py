@@ -245,14 +245,21 @@ class TestTrain(TestCase):
             torch.cuda._sleep(50_000_000)
             return loss, out
 
-        def slow_loader(n):
-            for _ in range(n):
-                time.sleep(0.05)   # the stream's short steps are long done by then
-                yield B()
+        class SlowLoader:   # as a loader: a length (the progress bar's) and batches
+            def __init__(self, n):
+                self.n = n
+
+            def __len__(self):
+                return self.n
+
+            def __iter__(self):
+                for _ in range(self.n):
+                    time.sleep(0.05)   # the stream's short steps are long done by then
+                    yield B()
         model = torch.nn.Linear(1, 1)
         ep = train.train_epoch(model, None, [B()] * 4, dev, False, "t", step=busy)
         self.assertEqual(ep["dry_steps"], 1)   # the first only: each later one queued behind the last
-        ep = train.train_epoch(model, None, slow_loader(4), dev, False, "t", step=lambda b: (loss, out))
+        ep = train.train_epoch(model, None, SlowLoader(4), dev, False, "t", step=lambda b: (loss, out))
         self.assertEqual(ep["dry_steps"], 4)
         self.assertGreater(ep["dry_step_host"], 0.0)
         self.assertLessEqual(ep["dry_step_host"], ep["step_host"])
