@@ -226,6 +226,9 @@ class TestCpuThreads(TestCase):
         with torch_direct.experimental(hybrid_copies="async"):   # checked by every gather, the CPU's too
             with self.assertRaisesRegex(RuntimeError, "hybrid_copies must be wait or ordered, not 'async'"):
                 torch_direct.gather(u, idx)
+        with torch_direct.experimental(hybrid_piece_kb="8"):   # checked by every gather too
+            with self.assertRaisesRegex(RuntimeError, "hybrid_piece_kb must be an integer >= 16, not '8'"):
+                torch_direct.gather(u, idx)
 
     @extension_only("_parallel_concurrent_peak is a test hook of the extension's module")
     def test_calls_at_once_each_get_the_threads_they_asked_for(self):
@@ -822,6 +825,19 @@ class TestGatherKernelCUDA(TestCase):
             y = torch_direct.gather(u, idxs[0].cuda(), cpu_threads=2, cpu_fraction=1.0, dtype=torch.float16)
             doubled = (y * 2).cpu()   # a kernel on that stream after the copies, then a copy back
         self.assertEqual(doubled, src[idxs[0]].half() * 2)
+
+    def test_hybrid_piece_sizes_give_the_same_rows(self):
+        # hybrid_piece_kb: the CPU threads hand their rows to copies in pieces of that size (16 KiB:
+        # many pieces a thread; 8 MiB: one), on the extension's own pool, float32 and float16 out.
+        src = torch.randn(30000, 48)
+        u = src.to("unified")
+        idx = torch.randint(0, 30000, (50000,), device="cuda")
+        for kb in ("16", "8192"):
+            with torch_direct.experimental(hybrid_piece_kb=kb, gather_own_pool=1):
+                y = torch_direct.gather(u, idx, cpu_threads=3, cpu_fraction=0.8)
+                h = torch_direct.gather(u, idx, cpu_threads=3, cpu_fraction=1.0, dtype=torch.float16)
+            self.assertEqual(y.cpu(), src[idx.cpu()], msg=f"{kb} KiB")
+            self.assertEqual(h.cpu(), src[idx.cpu()].half(), msg=f"{kb} KiB, float16")
 
     @extension_only("the fork keeps no hybrid gather counters")
     def test_hybrid_parts_count_each_call(self):

@@ -390,6 +390,7 @@ class TestTrain(TestCase):
                        ({"cpu_pool_size": "all"}, "cpu_pool_size must be concurrent or largest, not 'all'"),
                        ({"cpu_gather_stores": "nt"}, "cpu_gather_stores must be plain or streaming, not 'nt'"),
                        ({"hybrid_copies": "async"}, "hybrid_copies must be wait or ordered, not 'async'"),
+                       ({"hybrid_piece_kb": "1"}, "hybrid_piece_kb must be an integer >= 16, not '1'"),
                        ({"gather_turns": "skip"}, "gather_turns must be wait or deposit, not 'skip'"),
                        ({"step_host": "cpp"}, "step_host must be fused or python, not 'cpp'"),
                        ({"store_index_bounds": "trusted"}, "store_index_bounds must be checked or known, not 'trusted'")]

@@ -69,6 +69,10 @@ SETTINGS = {
                     "gather done before an earlier one to be queued in its turn and go on to the next, at most "
                     "twice as many gathers as threads taken ahead, instead of each waiting for its turn to "
                     "queue its own (the same batches in the same order; default: wait)",
+    "hybrid_piece_kb": "int >= 16: the KiB of rows each of a hybrid gather's CPU threads (on the extension's own "
+                       "pool) writes before it starts their copy to the GPU: larger = fewer, larger copies, fewer "
+                       "calls into the CUDA driver beside the training loop's; smaller = more of the copies "
+                       "overlapped with the gathering (default: 1024)",
 }
 
 

@@ -43,6 +43,7 @@ constexpr const char* kSettings[] = {
     "step_host",            // fused | python: a training step's host-side copies and tally in one call (Python)
     "hybrid_copies",        // wait | ordered: a hybrid gather waits for its CPU rows' copies, or orders its stream
     "gather_turns",         // wait | deposit: how the GNN loader's gathering threads queue in order (Python)
+    "hybrid_piece_kb",      // int >= 16: KiB of rows a hybrid gather's CPU thread writes before their copy starts
 };
 
 [[maybe_unused]] bool known(const std::string& name) {

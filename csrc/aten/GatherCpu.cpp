@@ -112,10 +112,17 @@ constexpr int64_t kAfterChunkBytes = int64_t(1) << 20;
 
 // Runs copy(b, e) over [0, n) on the pool, and after_chunk (if any) after each
 // piece of it.
+// The experimental hybrid_piece_kb sets another size (fewer, larger copies: fewer calls into the
+// CUDA driver from the pool's threads; smaller: more of the copies overlapped).
+inline int64_t after_chunk_bytes() {
+  return torch_direct::experimental::get_int("hybrid_piece_kb", kAfterChunkBytes >> 10, 16) << 10;
+}
+
 template <typename F>
 void for_pieces(int64_t n, int64_t grain, int64_t max_threads, int64_t out_row_bytes,
                 const std::function<void(int64_t, int64_t)>& after_chunk, const F& copy) {
-  const int64_t piece = std::max<int64_t>(1, kAfterChunkBytes / std::max<int64_t>(out_row_bytes, 1));
+  const int64_t piece_bytes = after_chunk ? after_chunk_bytes() : kAfterChunkBytes;
+  const int64_t piece = std::max<int64_t>(1, piece_bytes / std::max<int64_t>(out_row_bytes, 1));
   parallel_chunks(n, grain, max_threads, [&](int64_t b, int64_t e) {
     if (!after_chunk) {
       copy(b, e, e);
@@ -216,6 +223,7 @@ void check_gather_settings() {
   pool_sized_to_largest_call();  // checks cpu_pool_size
   streaming_stores();            // checks cpu_gather_stores
   hybrid_copies_ordered();       // checks hybrid_copies
+  after_chunk_bytes();           // checks hybrid_piece_kb
 }
 
 bool cpu_gather_on_torch_threads(int64_t max_threads) {

@@ -276,6 +276,7 @@ def check_options(args, device) -> None:
     torch_direct.experimental_setting("cpu_pool_size", choices=("concurrent", "largest"))  # read by the C++ pool
     torch_direct.experimental_setting("cpu_gather_stores", choices=("plain", "streaming"))  # by the CPU gather
     torch_direct.experimental_setting("hybrid_copies", choices=("wait", "ordered"))  # by the hybrid gather
+    experimental_int("hybrid_piece_kb", 16)   # by the hybrid gather's CPU threads
     if pages == "driver" and (torch.device(device).type != "cuda" or not torch_direct.cuda_available()):
         raise ValueError("TORCH_DIRECT_EXPERIMENTAL: feature_pages=driver needs a CUDA GPU (the driver "
                          f"allocates and maps the table), and this run's device is {device}")
