@@ -99,9 +99,9 @@ def print_host_side(rows: list[dict]) -> None:
               f"{_secs(r.get('loop_run_delay_s'))} s for a core in the epoch (host near the step: the host "
               "paced it; wall above CPU: the loop waited, for the GIL or for a core)")
         if r.get("train_steps_dry") is not None:
-            print(f"{r['pipeline']}: {r['train_steps_dry']:.0f} steps went to a training stream that had run dry "
-                  f"(the GPU idle until the loop launched them; {r['train_step_dry_host_s']:.3f} s of the loop's "
-                  "time in those steps, counted in the step's GPU time): the loader, not the step, set their pace")
+            print(f"{r['pipeline']}: steps handed to a training stream that had run dry: {r['train_steps_dry']:.0f} "
+                  "(the epoch's first always is); the GPU idled until the loop launched them, and the loop's "
+                  f"{r['train_step_dry_host_s']:.3f} s in those steps count in the step's GPU time")
         if r.get("loop_gil_wait_ms") is not None:
             print(f"{r['pipeline']}: the loop took {r['loop_gil_wait_ms']:.3f} ms on average to get the GIL back "
                   f"after letting it go (sampled every {GIL_PROBE_EVERY} steps; alone, about a system call's "
