@@ -143,14 +143,11 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     around each step; perf_counter on the CPU), the host's wall time inside the step calls
     and this thread's CPU time there (on CUDA, a step whose host side takes about as long as
     its stream time was paced by the host: by launches, or by a thread that waited for the
-    GIL or a core where the wall time exceeds the CPU time), the steps handed to a training
-    stream that had run dry (on CUDA: every earlier step done, the batch's data ready; such a
-    step's time then includes the host's launch of it, so a loader that keeps the loop waiting
-    lengthens the steps' stream time) and the loop's wall time inside those steps' calls, the
-    seconds this thread waited for a core over the epoch (None where the kernel does not say),
-    the process's CPU seconds
-    over the epoch (every thread's, the loader's and the gathers' pools included), the summed
-    loss and the correct and seen counts, as floats."""
+    GIL or a core where the wall time exceeds the CPU time), the steps handed to a CUDA stream
+    that had run dry (whose time includes the host's launch of them) and the loop's wall time in
+    them, the seconds this thread waited for a core over the epoch (None where the kernel does
+    not say), the process's CPU seconds over the epoch (every thread's, the loader's and the
+    gathers' pools included), the summed loss and the correct and seen counts, as floats."""
     step_model.train()
     steps = Timer(device.type == "cuda")
     eager = lambda b: eager_step(step_model, opt, b)  # noqa: E731
