@@ -196,6 +196,12 @@ def pin_inplace(t: torch.Tensor) -> torch.Tensor:
 
     Do not call ``t.share_memory_()`` afterwards: it moves ``t`` to new pages
     and the alias would keep the old ones. Share first, then pin.
+
+    The registration covers whole pages: a small CPU tensor that shares a page
+    with ``t`` (the heap packs them together) also reports ``is_pinned()`` while
+    an alias lives, and torch's sparse constructors, which check that indices
+    and values agree on pinning, can then refuse it. A large tensor shares at
+    most its first and last page.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"pin_inplace() expects a torch.Tensor, got {type(t).__name__}")
