@@ -78,8 +78,10 @@ class TestShape(TestCase):
 class TestOneTimer(TestCase):
     def test_cpu_sections_sum_per_key(self):
         t = Timer(cuda=False, keys=("a", "b"))
+        got = {"a": 0.0, "b": 0.0}
         for key in ("a", "a", "b"):
-            t.stop(key, t.start())
+            got[key] += t.stop(key, t.start())   # each section's host seconds, as counted
+        self.assertEqual(t.host_seconds, got)
         totals = t.totals()
         self.assertEqual(set(totals), {"a", "b"})
         self.assertTrue(all(v >= 0 for v in totals.values()))

@@ -89,7 +89,8 @@ class Timer:
             ev.record(stream)
         return ev, time.perf_counter()
 
-    def stop(self, key: str, start, stream=None) -> None:
+    def stop(self, key: str, start, stream=None) -> float:
+        """End the section ``start`` began under ``key``; returns its host seconds."""
         ev0, t0 = start
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True, blocking=self.blocking)
@@ -102,6 +103,7 @@ class Timer:
             self.host_seconds[key] = self.host_seconds.get(key, 0.0) + host
             if not self.cuda:
                 self.seconds[key] = self.seconds.get(key, 0.0) + host
+        return host
 
     def totals(self) -> dict:
         """Seconds per key so far (waits for the GPU to reach the last recorded event)."""

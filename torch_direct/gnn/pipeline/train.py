@@ -174,11 +174,11 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
             # On the device: a host wait here would hold the next step back.
             tally.add(loss, out, b.y, b.batch_size)
             seen += b.batch_size
-            steps.stop("step", t)
+            host = steps.stop("step", t)
             cpu += time.thread_time() - c0
             if ran_dry:
                 dry += 1
-                dry_host += time.perf_counter() - t[1]
+                dry_host += host
             gil.tick()   # outside the step's timing
             bar.update(1)
         sync(device)
