@@ -207,8 +207,6 @@ def pin_inplace(t: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"pin_inplace() expects a torch.Tensor, got {type(t).__name__}")
     if t.device.type == BACKEND_NAME:
         return t
-    if t.layout != torch.strided:   # before any call that reads a sparse tensor's parts
-        raise RuntimeError(f"pin_inplace: expected a strided tensor, got layout {t.layout}")
     if t.requires_grad and t.grad_fn is not None:
         raise RuntimeError("pin_inplace() needs a leaf tensor: pin the data, not a result "
                            "of autograd (use t.detach())")
