@@ -123,6 +123,18 @@ void stream_synchronize(const c10::Stream& stream) {
   c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).synchronize();
 }
 
+bool stream_idle(const c10::Stream& stream) {
+  c10::cuda::CUDAGuard guard(stream.device_index());
+  cudaError_t err = cudaStreamQuery(
+      c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream());
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  TD_CUDA_CHECK(err);
+  return true;
+}
+
 void device_synchronize() {
   TD_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -157,6 +169,7 @@ void* record_event(const c10::Stream&) { return nullptr; }
 bool event_done(void*) { return true; }
 void event_destroy(void*) {}
 void stream_synchronize(const c10::Stream&) {}
+bool stream_idle(const c10::Stream&) { return true; }
 void device_synchronize() {}
 c10::DeviceIndex current_device() { return -1; }
 void memcpy_async(void*, const void*, size_t, const c10::Stream&) {

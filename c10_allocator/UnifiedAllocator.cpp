@@ -371,11 +371,10 @@ Block* block_of(const c10::DataPtr& ptr) {
   return static_cast<Block*>(ptr.get_context());
 }
 
-} // namespace
-
-void UnifiedAllocator::process_pending_locked() {
-  auto& s = state();
-  std::vector<Block*> to_destroy;
+// Under the lock: the freed blocks whose GPU work has ended leave the pending
+// list, to the cache or into `to_destroy`, which the caller destroys once the
+// lock is dropped (destroying a foreign block drops its owner's storage).
+void take_finished_locked(State& s, std::vector<Block*>& to_destroy) {
   for (auto it = s.pending.begin(); it != s.pending.end();) {
     bool done = true;
     for (void* ev : it->events) {
@@ -394,10 +393,15 @@ void UnifiedAllocator::process_pending_locked() {
       ++it;
     }
   }
-  for (Block* b : to_destroy) {
-    destroy_block(b); // only exact/foreign: no re-entry into this allocator
+}
+
+void destroy_all(const std::vector<Block*>& blocks) {
+  for (Block* b : blocks) {
+    destroy_block(b);
   }
 }
+
+} // namespace
 
 c10::DataPtr UnifiedAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) {
@@ -405,9 +409,10 @@ c10::DataPtr UnifiedAllocator::allocate(size_t nbytes) {
   }
   auto& s = state();
   Block* b = nullptr;
+  std::vector<Block*> finished;
   {
     std::lock_guard<std::mutex> g(s.mutex);
-    process_pending_locked();
+    take_finished_locked(s, finished);
     if (nbytes <= kSmallBlockLimit) {
       auto& list = s.free_lists[size_class(nbytes)];
       if (!list.empty()) {
@@ -419,6 +424,7 @@ c10::DataPtr UnifiedAllocator::allocate(size_t nbytes) {
       b = take_large_locked(s, nbytes);
     }
   }
+  destroy_all(finished);
   bool fresh = false;
   if (b == nullptr) {
     b = nbytes <= kSmallBlockLimit ? new_cached_block(size_class(nbytes))
@@ -448,6 +454,9 @@ void UnifiedAllocator::raw_delete(void* ctx) {
   std::vector<Block*> to_destroy;
   {
     std::lock_guard<std::mutex> g(s.mutex);
+    // Earlier frees whose GPU work has ended go now, not at the next
+    // allocation: a foreign block keeps its pages registered until released.
+    take_finished_locked(s, to_destroy);
     s.num_free += 1;
     s.active_blocks -= 1;
     if (b->kind == Block::kForeign) {
@@ -463,11 +472,15 @@ void UnifiedAllocator::raw_delete(void* ctx) {
       b->streams.clear(); // the parent's streams: a forked child cannot wait on them
     }
     for (const auto& st : b->streams) {
-      // A deleter must not throw. If the event cannot be recorded the CUDA
-      // context is unusable (a sticky error): no kernel can read the block
-      // any more, so it is released without waiting.
+      // Only a stream with work still queued needs an event: an idle one has
+      // finished every read of this block. A deleter must not throw. If the
+      // stream cannot be queried or the event recorded, the CUDA context is
+      // unusable (a sticky error): no kernel can read the block any more, so
+      // it is released without waiting.
       try {
-        events.push_back(cuda::record_event(st));
+        if (!cuda::stream_idle(st)) {
+          events.push_back(cuda::record_event(st));
+        }
       } catch (const std::exception&) {
       }
     }
@@ -723,8 +736,13 @@ std::string UnifiedAllocator::kind_of(const c10::DataPtr& ptr) const {
 
 std::map<std::string, int64_t> UnifiedAllocator::stats() {
   auto& s = state();
+  std::vector<Block*> finished;
+  {
+    std::lock_guard<std::mutex> g(s.mutex);
+    take_finished_locked(s, finished);
+  }
+  destroy_all(finished); // so that the figures below no longer count them
   std::lock_guard<std::mutex> g(s.mutex);
-  process_pending_locked();
   return {
       {"allocated_bytes", s.allocated},
       {"allocated_bytes.peak", s.peak},
@@ -748,7 +766,7 @@ void UnifiedAllocator::empty_cache() {
   std::vector<Block*> to_destroy;
   {
     std::lock_guard<std::mutex> g(s.mutex);
-    process_pending_locked();
+    take_finished_locked(s, to_destroy);
     for (auto& kv : s.free_lists) {
       for (Block* b : kv.second) {
         s.reserved -= static_cast<int64_t>(b->size);

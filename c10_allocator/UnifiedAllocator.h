@@ -99,9 +99,6 @@ class TORCH_DIRECT_ALLOCATOR_API UnifiedAllocator final : public c10::Allocator 
   void reset_peak();
 
   static void raw_delete(void* ctx);
-
- private:
-  void process_pending_locked();
 };
 
 TORCH_DIRECT_ALLOCATOR_API UnifiedAllocator* get_allocator();

@@ -235,6 +235,30 @@ class TestAllocatorGPU(TestCase):
         del u2
         self.assertEqual(stats()["pinned_bytes"], before)
 
+    def test_alias_read_by_the_gpu_unregisters_when_it_dies(self):
+        # Once the GPU has finished with it, a dead alias must not leave its
+        # pages registered until some later allocation: they would still
+        # report pinned, and so would any small tensor sharing a page.
+        t = torch.randn(4 << 20)
+        u = torch_direct.pin_inplace(t)
+        idx = torch.tensor([0, 5, (4 << 20) - 1], device="cuda")
+        self.assertEqual(u[idx].cpu(), t[idx.cpu()])  # a GPU read, finished
+        self.assertTrue(t.is_pinned())
+        del u
+        self.assertFalse(t.is_pinned())
+        # Still-running GPU work keeps the alias registered until it ends.
+        u = torch_direct.pin_inplace(t)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(1_000_000_000)
+            y = u * 2  # an elementwise read (a gather would wait for its bounds check)
+        del u
+        self.assertTrue(t.is_pinned())
+        s.synchronize()
+        self.assertEqual(y.cpu(), t * 2)
+        torch.empty(1, device="unified")  # the next allocation releases it
+        self.assertFalse(t.is_pinned())
+
     def test_registration_is_split_in_chunks(self):
         code = textwrap.dedent("""
             import torch, torch_direct
