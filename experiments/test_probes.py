@@ -297,5 +297,31 @@ class TestTraceOverlap(TestCase):
             self.assertIn("is not a Chrome trace", r.stderr)
 
 
+class TestLaunchContentionProbe(TestCase):
+    def run_probe(self, *args):
+        return subprocess.run([sys.executable, str(REPO / "experiments" / "launch_contention_probe.py"), *args],
+                              capture_output=True, text=True, timeout=300, cwd=REPO)
+
+    def test_bad_input(self):
+        for args, msg in ((["--pieces", "1024,x"], "--pieces must be integers"),
+                          (["--pieces", "8"], "each >= 16"),
+                          (["--threads", "0"], "must be >= 1"),
+                          (["--seconds", "0"], "must be positive")):
+            with tempfile.TemporaryDirectory() as d:
+                r = self.run_probe(str(Path(d) / "out.json"), *args)
+                self.assertEqual(r.returncode, 2, msg=f"{args}: {r.stderr[-500:]}")
+                self.assertIn(msg, r.stderr)
+                self.assertFalse((Path(d) / "out.json").exists())
+
+    def test_without_a_gpu_says_so(self):
+        import torch
+        if torch.cuda.is_available():
+            self.skipTest("this machine has a GPU: the probe would run for real")
+        with tempfile.TemporaryDirectory() as d:
+            r = self.run_probe(str(Path(d) / "out.json"), "--seconds", "0.1")
+            self.assertEqual(r.returncode, 2, r.stderr[-500:])
+            self.assertIn("needs a CUDA GPU", r.stderr)
+
+
 if __name__ == "__main__":
     run_tests()
