@@ -95,8 +95,24 @@ void* device_pointer(void* host_ptr) {
   return dev;
 }
 
+namespace {
+// While another thread captures a CUDA graph in cudaStreamCaptureModeGlobal
+// (torch.cuda.graph's default), event and stream queries from this thread are
+// refused and break that capture; the allocator's bookkeeping is not part of
+// any capture, so it runs in relaxed mode (as PyTorch's caching allocator does
+// for its event queries).
+struct RelaxedCapture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
+  ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+};
+} // namespace
+
 void* record_event(const c10::Stream& stream) {
   c10::cuda::CUDAGuard guard(stream.device_index());
+  RelaxedCapture relaxed;
   cudaEvent_t ev = nullptr;
   TD_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   TD_CUDA_CHECK(cudaEventRecord(ev, c10::cuda::CUDAStream(
@@ -106,6 +122,7 @@ void* record_event(const c10::Stream& stream) {
 }
 
 bool event_done(void* event) {
+  RelaxedCapture relaxed;
   cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
   if (err == cudaErrorNotReady) {
     (void)cudaGetLastError();
@@ -125,8 +142,18 @@ void stream_synchronize(const c10::Stream& stream) {
 
 bool stream_idle(const c10::Stream& stream) {
   c10::cuda::CUDAGuard guard(stream.device_index());
-  cudaError_t err = cudaStreamQuery(
-      c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream());
+  const cudaStream_t s = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TD_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    // A capture runs nothing: the work it records reads the block only when
+    // the graph is replayed, and whoever replays it keeps its inputs alive.
+    // Neither a query nor an event recorded on a capturing stream is allowed,
+    // so work queued on it before its capture began is not waited for.
+    return true;
+  }
+  RelaxedCapture relaxed;
+  cudaError_t err = cudaStreamQuery(s);
   if (err == cudaErrorNotReady) {
     (void)cudaGetLastError();
     return false;

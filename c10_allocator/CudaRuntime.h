@@ -37,7 +37,8 @@ TORCH_DIRECT_ALLOCATOR_API void* record_event(const c10::Stream& stream);
 TORCH_DIRECT_ALLOCATOR_API bool event_done(void* event);
 TORCH_DIRECT_ALLOCATOR_API void event_destroy(void* event);
 TORCH_DIRECT_ALLOCATOR_API void stream_synchronize(const c10::Stream& stream);
-// True when every piece of work queued on `stream` so far has finished.
+// True when every piece of work queued on `stream` so far has finished, and
+// for a stream that is capturing a CUDA graph (a capture runs nothing).
 TORCH_DIRECT_ALLOCATOR_API bool stream_idle(const c10::Stream& stream);
 TORCH_DIRECT_ALLOCATOR_API void device_synchronize();
 

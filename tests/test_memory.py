@@ -259,6 +259,36 @@ class TestAllocatorGPU(TestCase):
         torch.empty(1, device="unified")  # the next allocation releases it
         self.assertFalse(t.is_pinned())
 
+    def test_graph_capture_beside_the_allocators_bookkeeping(self):
+        # Allocations and frees query events and streams; during a capture in
+        # global mode (torch.cuda.graph's default) that must not break it.
+        src = torch.randn(1 << 12)
+        u = src.to("unified")
+        self.assertEqual((u + 0).cpu(), src)   # mapped before the timed part
+        busy = torch.cuda.Stream()
+        with torch.cuda.stream(busy):
+            torch.cuda._sleep(200_000_000)
+            y = u + 0
+        del u
+        self.assertGreaterEqual(stats()["pending_free_blocks"], 1)   # waits on busy's event
+        keep = torch.ones(8).to("unified")
+        self.assertEqual((keep + 0).cpu(), torch.ones(8))   # mapped
+        spare = torch.empty(8, device="unified")
+        del spare   # cached: the capture's allocation below registers nothing
+        x = torch.zeros(8, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            t = torch.empty(8, device="unified")   # an allocation: the pending list is looked at
+            c = t.to("cuda", non_blocking=True)    # a use on the capturing stream
+            del t, c                               # a free with that stream among its users
+            x.add_(keep)
+        self.assertEqual(y.cpu(), src)
+        torch.empty(16, device="unified")          # bookkeeping after the capture: no error left
+        self.assertEqual(stats()["pending_free_blocks"], 0)
+        g.replay()
+        g.replay()
+        self.assertEqual(x.cpu(), torch.full((8,), 2.0))
+
     def test_registration_is_split_in_chunks(self):
         code = textwrap.dedent("""
             import torch, torch_direct
