@@ -456,7 +456,12 @@ void UnifiedAllocator::raw_delete(void* ctx) {
     std::lock_guard<std::mutex> g(s.mutex);
     // Earlier frees whose GPU work has ended go now, not at the next
     // allocation: a foreign block keeps its pages registered until released.
-    take_finished_locked(s, to_destroy);
+    // A deleter must not throw: where an event cannot be queried (a sticky
+    // CUDA error) the blocks stay pending, and the next allocation reports it.
+    try {
+      take_finished_locked(s, to_destroy);
+    } catch (const std::exception&) {
+    }
     s.num_free += 1;
     s.active_blocks -= 1;
     if (b->kind == Block::kForeign) {
