@@ -108,6 +108,17 @@ struct RelaxedCapture {
   RelaxedCapture(const RelaxedCapture&) = delete;
   RelaxedCapture& operator=(const RelaxedCapture&) = delete;
 };
+
+// The answer of an event or stream query (`call` names it): not ready (its
+// error cleared) is false, done is true, anything else throws.
+bool finished(cudaError_t err, const char* call) {
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  TORCH_CHECK(err == cudaSuccess, "CUDA error in ", call, ": ", cudaGetErrorString(err));
+  return true;
+}
 } // namespace
 
 void* record_event(const c10::Stream& stream) {
@@ -123,13 +134,7 @@ void* record_event(const c10::Stream& stream) {
 
 bool event_done(void* event) {
   RelaxedCapture relaxed;
-  cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
-  if (err == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  TD_CUDA_CHECK(err);
-  return true;
+  return finished(cudaEventQuery(static_cast<cudaEvent_t>(event)), "cudaEventQuery");
 }
 
 void event_destroy(void* event) {
@@ -153,13 +158,7 @@ bool stream_idle(const c10::Stream& stream) {
     return true;
   }
   RelaxedCapture relaxed;
-  cudaError_t err = cudaStreamQuery(s);
-  if (err == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  TD_CUDA_CHECK(err);
-  return true;
+  return finished(cudaStreamQuery(s), "cudaStreamQuery");
 }
 
 void device_synchronize() {
