@@ -374,7 +374,13 @@ Block* block_of(const c10::DataPtr& ptr) {
 // Under the lock: the freed blocks whose GPU work has ended leave the pending
 // list, to the cache or into `to_destroy`, which the caller destroys once the
 // lock is dropped (destroying a foreign block drops its owner's storage).
-void take_finished_locked(State& s, std::vector<Block*>& to_destroy) {
+// `oldest_only` stops at the first block still in use, so that a free walks
+// only what it can release (the list is in free order, and most frees wait on
+// one stream, whose events end in that order); an allocation walks it all.
+void take_finished_locked(
+    State& s,
+    std::vector<Block*>& to_destroy,
+    bool oldest_only = false) {
   for (auto it = s.pending.begin(); it != s.pending.end();) {
     bool done = true;
     for (void* ev : it->events) {
@@ -389,6 +395,8 @@ void take_finished_locked(State& s, std::vector<Block*>& to_destroy) {
       }
       release_locked(s, it->block, to_destroy);
       it = s.pending.erase(it);
+    } else if (oldest_only) {
+      return;
     } else {
       ++it;
     }
@@ -459,7 +467,7 @@ void UnifiedAllocator::raw_delete(void* ctx) {
     // A deleter must not throw: where an event cannot be queried (a sticky
     // CUDA error) the blocks stay pending, and the next allocation reports it.
     try {
-      take_finished_locked(s, to_destroy);
+      take_finished_locked(s, to_destroy, /*oldest_only=*/true);
     } catch (const std::exception&) {
     }
     s.num_free += 1;
