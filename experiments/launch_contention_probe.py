@@ -17,11 +17,12 @@ well above its CPU time; one that waits for a core shows neither.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
 import time
+
+from _cli import finish  # experiments/ is on sys.path when run as python3 experiments/launch_contention_probe.py
 
 
 def replay_times(graph, seconds: float) -> dict:
@@ -123,8 +124,7 @@ def main(argv=None) -> int:
         print(f"{name:>16}: replay wall {r['wall_us_median']:8.1f} us, cpu {r['cpu_us_median']:8.1f} us, "
               f"wall-cpu median {r['wall_minus_cpu_us_median']:8.1f} p90 {r['wall_minus_cpu_us_p90']:8.1f} us"
               + (f", {r['gathers_per_s']:.0f} gathers/s" if "gathers_per_s" in r else ""))
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    finish(args.out, result)
     return 0
 
 
