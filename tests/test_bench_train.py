@@ -137,6 +137,22 @@ class TestHostSideLines(TestCase):
                       "0.967 of the first block's padded sources and 0.967 of its edges (its sources' margin 0.020)",
                       out.getvalue())
         self.assertNotIn("gpu_resident: the captured step", out.getvalue())
+        self.assertNotIn("host side a replay", out.getvalue())   # no parts recorded
+
+    def test_the_captured_steps_host_parts_are_printed_a_replay(self):
+        from torch_direct.gnn.bench.common import print_host_side
+        parts = {"fits": {"wall_s": 0.012, "cpu_s": 0.01}, "fill": {"wall_s": 0.3, "cpu_s": 0.1},
+                 "replay": {"wall_s": 0.05, "cpu_s": 0.04}, "record": {"wall_s": 0.0, "cpu_s": 0.0}}
+        row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
+               "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
+               "gather_parts": {}, "cuda_graph": {"replays": 1000, "misses": 0, "fill": [[0.9, 0.9]],
+                                                 "margin_used": [[0.02, 0.02, 0.04]], "host_parts": parts}}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            print_host_side([row])
+        self.assertIn("unified: the captured step's host side a replay, wall / CPU (wall above CPU: a wait off "
+                      "the CPU, for the GIL or inside the call): fits 12.0 / 10.0 us, fill 300.0 / 100.0 us, "
+                      "replay 50.0 / 40.0 us\n", out.getvalue())   # a part never timed (one set: no record) left out
 
 
 class TestBenchTrainCPU(_Tiny):

@@ -257,6 +257,7 @@ class TestGraphedStep(_Tiny):
             if graphed:
                 self.assertEqual(step.stats()["replays"], 0)
                 self.assertEqual(step.stats()["eager_steps"], 5)
+                self.assertIsNone(step.stats()["host_parts"])   # nothing replayed: no parts to report
                 self.assertIn("no CUDA graph on the CPU", step.note)
         self.assertEqual(runs[0], runs[1])
 
@@ -301,6 +302,11 @@ class TestGraphedStep(_Tiny):
                         sum(s[i][2] for s in replayed) / (cap[2] * len(replayed))]
                 self.assertEqual(fill, [round(w, 4) for w in want])
                 self.assertTrue(all(0 < f <= 1 for f in fill))
+            # the host side of the replayed steps, by part: every part of this set-up was timed
+            timed = ("fits", "fill", "replay") + (("record",) if buffers == 2 else ())
+            for part, t in st["host_parts"].items():
+                self.assertEqual(t["wall_s"] > 0, part in timed, part)
+                self.assertGreaterEqual(t["cpu_s"], 0.0)
         for key in ((2, True), (2, False)):
             self.assertEqual(runs[key], runs[1, True], atol=1e-4, rtol=1e-4, msg=str(key))  # atomics: sums in any order
 

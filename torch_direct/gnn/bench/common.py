@@ -123,3 +123,10 @@ def print_host_side(rows: list[dict]) -> None:
             print(f"{r['pipeline']}: the captured step: {graph['replays']} replays, {graph['misses']} misses "
                   f"(stepped eagerly); the batches filled {fill[0]:.3f} of the first block's padded sources and "
                   f"{fill[1]:.3f} of its edges (its sources' margin {margin:.3f})")
+        parts = {k: v for k, v in (graph.get("host_parts") or {}).items() if v["wall_s"] > 0}
+        if parts and graph["replays"]:
+            n = graph["replays"]
+            print(f"{r['pipeline']}: the captured step's host side a replay, wall / CPU (wall above CPU: a "
+                  "wait off the CPU, for the GIL or inside the call): "
+                  + ", ".join(f"{k} {1e6 * v['wall_s'] / n:.1f} / {1e6 * v['cpu_s'] / n:.1f} us"
+                              for k, v in parts.items()))

@@ -42,6 +42,7 @@ once an op while the loader's Python threads want it too. The experimental setti
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +51,12 @@ import torch_direct
 
 from . import _aggregate
 from .evaluation import correct_count
+
+
+# The parts of a replayed step's host side that GraphedStep times: checking the batch against the
+# capacities, copying it into the buffers (with two sets: the waits and the copy on the fill
+# stream), the replay's launch, and (two sets) the event after it.
+HOST_PARTS = ("fits", "fill", "replay", "record")
 
 
 def step_host() -> str:
@@ -199,6 +206,9 @@ class GraphedStep:
         self._turn = 0
         self._fill_stream = None   # with two sets: the copies' stream
         self._released: list = []   # with two sets: per set, the event after the last replay that read it
+        # per part of a replayed step's host side, the [wall, this thread's CPU] seconds summed:
+        # where the loop's time in a step call goes, and which part waits off the CPU
+        self.host_parts = {p: [0.0, 0.0] for p in HOST_PARTS}
 
     @property
     def graph(self):
@@ -211,13 +221,16 @@ class GraphedStep:
         if caps and self.replays:   # the mean share of each block's padded sources and edges a batch filled
             fill = [[round(f[0] / (c[0] * self.replays), 4), round(f[1] / (c[2] * self.replays), 4)]
                     for f, c in zip(self._filled, caps)]
+        parts = {p: {"wall_s": round(w, 6), "cpu_s": round(c, 6)} for p, (w, c) in self.host_parts.items()}
         return {"replays": self.replays, "eager_steps": self.eager, "misses": self.misses,
+                "host_parts": parts if self.replays else None,
                 "capacities": [list(c) for c in caps] if caps else None, "margin": self.margin,
                 "margin_used": self.margin_used,
                 "fill": fill, "buffers": self.buffers, "note": self.note}
 
     def __call__(self, b):
         if self.graphs:
+            t = (time.perf_counter(), time.thread_time())
             sizes = self.bufs[0].fits(b)
             if sizes:
                 for f, s in zip(self._filled, sizes):
@@ -225,13 +238,19 @@ class GraphedStep:
                     f[1] += s[2]
                 k = self._turn
                 self._turn = (k + 1) % len(self.graphs)
+                t = self._part("fits", t)
                 if self._fill_stream is None:
                     self.bufs[k].fill(b)
+                    t = self._part("fill", t)
                     self.graphs[k].replay()
+                    self._part("replay", t)
                 else:
                     self._fill_beside(k, b)
+                    t = self._part("fill", t)
                     self.graphs[k].replay()
+                    t = self._part("replay", t)
                     self._released[k].record()
+                    self._part("record", t)
                 self.replays += 1
                 loss, out = self.outs[k]
                 return loss, out[:b.batch_size]
@@ -310,6 +329,14 @@ class GraphedStep:
             self._fill_stream = torch.cuda.Stream(b.x.device, priority=torch.cuda.current_stream(b.x.device).priority)
             # recorded again at each replay; waiting on one not yet recorded waits for nothing
             self._released = [torch.cuda.Event() for _ in bufs]
+
+    def _part(self, name: str, since: tuple) -> tuple:
+        """Add the wall and CPU time from ``since`` to part ``name``; returns now's pair."""
+        now = (time.perf_counter(), time.thread_time())
+        acc = self.host_parts[name]
+        acc[0] += now[0] - since[0]
+        acc[1] += now[1] - since[1]
+        return now
 
     def _fill_beside(self, k: int, b) -> None:
         """Copy batch ``b`` into set ``k`` on the fill stream, and make the training stream wait
