@@ -142,6 +142,7 @@ class TestHostSideLines(TestCase):
     def test_the_captured_steps_host_parts_are_printed_a_replay(self):
         from torch_direct.gnn.bench.common import print_host_side
         parts = {"fits": {"wall_s": 0.012, "cpu_s": 0.01}, "fill": {"wall_s": 0.3, "cpu_s": 0.1},
+                 "fill_inside": {"wall_s": 0.2, "cpu_s": 0.09},
                  "replay": {"wall_s": 0.05, "cpu_s": 0.04}, "record": {"wall_s": 0.0, "cpu_s": 0.0}}
         row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
                "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
@@ -152,7 +153,7 @@ class TestHostSideLines(TestCase):
             print_host_side([row])
         self.assertIn("unified: the captured step's host side a replay, wall / CPU (wall above CPU: a wait off "
                       "the CPU, for the GIL or inside the call): fits 12.0 / 10.0 us, fill 300.0 / 100.0 us, "
-                      "replay 50.0 / 40.0 us\n", out.getvalue())   # a part never timed (one set: no record) left out
+                      "fill inside 200.0 / 90.0 us, replay 50.0 / 40.0 us\n", out.getvalue())   # a part never timed (one set: no record) left out
 
 
 class TestBenchTrainCPU(_Tiny):

@@ -129,7 +129,13 @@ class TestPadding(_Tiny):
                         buf = self.padded(cast(big), edge_extra=23)
                     self.assertEqual(buf.fused, host == "fused")
                     buf.fill(cast(big))
-                    buf.fill(cast(small))
+                    timed = buf.fill(cast(small))
+                    if host == "fused":   # the call's own wall and CPU seconds, timed inside it
+                        self.assertEqual(len(timed), 2)
+                        self.assertTrue(all(isinstance(v, float) and 0 <= v < 60 for v in timed), timed)
+                        self.assertGreater(timed[0], 0)
+                    else:
+                        self.assertIsNone(timed)
                     filled.append(buf)
                 fused, python = filled
                 self.assertEqual(fused.x, python.x, atol=0, rtol=0)
@@ -303,7 +309,7 @@ class TestGraphedStep(_Tiny):
                 self.assertEqual(fill, [round(w, 4) for w in want])
                 self.assertTrue(all(0 < f <= 1 for f in fill))
             # the host side of the replayed steps, by part: every part of this set-up was timed
-            timed = ("fits", "fill", "replay") + (("record",) if buffers == 2 else ())
+            timed = ("fits", "fill", "fill_inside", "replay") + (("record",) if buffers == 2 else ())
             for part, t in st["host_parts"].items():
                 self.assertEqual(t["wall_s"] > 0, part in timed, part)
                 self.assertGreaterEqual(t["cpu_s"], 0.0)

@@ -3,12 +3,28 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
+#include <chrono>
+#include <ctime>
+
 namespace torch_direct::aggregate {
 
-void fill_padded(at::Tensor x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
+namespace {
+
+// This thread's CPU seconds so far.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+} // namespace
+
+std::tuple<double, double> fill_padded(at::Tensor x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
                  const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
                  const std::vector<at::Tensor>& pad_src, const std::vector<int64_t>& block_dsts,
                  const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  const double cpu0 = thread_cpu_seconds();
   const char* op = "fill_padded";
   const size_t blocks = edges.size();
   TORCH_CHECK(block_edges.size() == blocks && ramps.size() == blocks && pad_src.size() == blocks &&
@@ -54,6 +70,8 @@ void fill_padded(at::Tensor x_buf, const at::Tensor& x, const std::vector<at::Te
   const int64_t s = y.size(0);
   y_buf.narrow(0, 0, s).copy_(y);
   y_buf.narrow(0, s, y_buf.size(0) - s).fill_(-1);
+  const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - wall0;
+  return {wall.count(), thread_cpu_seconds() - cpu0};
 }
 
 void tally_step(at::Tensor loss_sum, at::Tensor correct, const at::Tensor& loss, const at::Tensor& logits,

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
 #include <vector>
 
 namespace torch_direct::aggregate {
@@ -16,7 +17,10 @@ namespace torch_direct::aggregate {
 // dst_caps[i] - 1, grouped by target) and y into y_buf's first entries (the rest -1).
 // block_edges[i] is block i's [2, k] edge index, block_dsts[i] its target count; ramps[i] is
 // arange over edges[i]'s columns. A batch that does not fit is refused before anything is written.
-void fill_padded(at::Tensor x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
+// Returns the call's own wall and thread-CPU seconds, timed inside it (without the GIL): beside
+// the caller's timing of the call, what it waited for the GIL on its way back, and beside each
+// other, what its launches waited off the CPU (a CUDA driver lock, say).
+std::tuple<double, double> fill_padded(at::Tensor x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
                  const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
                  const std::vector<at::Tensor>& pad_src, const std::vector<int64_t>& block_dsts,
                  const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y);

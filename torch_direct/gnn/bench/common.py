@@ -128,5 +128,5 @@ def print_host_side(rows: list[dict]) -> None:
             n = graph["replays"]
             print(f"{r['pipeline']}: the captured step's host side a replay, wall / CPU (wall above CPU: a "
                   "wait off the CPU, for the GIL or inside the call): "
-                  + ", ".join(f"{k} {1e6 * v['wall_s'] / n:.1f} / {1e6 * v['cpu_s'] / n:.1f} us"
+                  + ", ".join(f"{k.replace('_', ' ')} {1e6 * v['wall_s'] / n:.1f} / {1e6 * v['cpu_s'] / n:.1f} us"
                               for k, v in parts.items()))

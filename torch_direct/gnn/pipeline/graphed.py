@@ -55,8 +55,9 @@ from .evaluation import correct_count
 
 # The parts of a replayed step's host side that GraphedStep times: checking the batch against the
 # capacities, copying it into the buffers (with two sets: the waits and the copy on the fill
-# stream), the replay's launch, and (two sets) the event after it.
-HOST_PARTS = ("fits", "fill", "replay", "record")
+# stream), the replay's launch, and (two sets) the event after it; and, within the fill, the copy
+# call's own time as it measures it without the GIL (``fill_inside``: the fused copy only).
+HOST_PARTS = ("fits", "fill", "fill_inside", "replay", "record")
 
 
 def step_host() -> str:
@@ -122,12 +123,13 @@ class PaddedBatch:
             return None
         return sizes if all(s[0] <= c[0] and s[1] < c[1] and s[2] <= c[2] for s, c in zip(sizes, self.caps)) else None
 
-    def fill(self, b) -> None:
-        """Copy batch ``b`` (which :meth:`fits`) into the buffers, its padding reset."""
+    def fill(self, b):
+        """Copy batch ``b`` (which :meth:`fits`) into the buffers, its padding reset. Fused, returns
+        the copy call's own (wall, CPU) seconds, timed inside it; else None."""
         if self.fused:
-            _aggregate.fill_padded(self.x, b.x, self.edges, [ei for ei, _, _ in b.adjs], self.ramps, self.pad_src,
-                                   [int(size[1]) for _, _, size in b.adjs], [c[1] for c in self.caps], self.y, b.y)
-            return
+            return _aggregate.fill_padded(self.x, b.x, self.edges, [ei for ei, _, _ in b.adjs], self.ramps,
+                                          self.pad_src, [int(size[1]) for _, _, size in b.adjs],
+                                          [c[1] for c in self.caps], self.y, b.y)
         n = b.x.shape[0]
         self.x[:n].copy_(b.x)
         self.x[n:].zero_()
@@ -144,6 +146,7 @@ class PaddedBatch:
             t.div_(per_row, rounding_mode="floor").neg_().add_(c[1] - 1)
         self.y[:b.batch_size].copy_(b.y)
         self.y[b.batch_size:].fill_(-1)
+        return None
 
 
 class StepTally:
@@ -240,12 +243,12 @@ class GraphedStep:
                 self._turn = (k + 1) % len(self.graphs)
                 t = self._part("fits", t)
                 if self._fill_stream is None:
-                    self.bufs[k].fill(b)
+                    self._inside(self.bufs[k].fill(b))
                     t = self._part("fill", t)
                     self.graphs[k].replay()
                     self._part("replay", t)
                 else:
-                    self._fill_beside(k, b)
+                    self._inside(self._fill_beside(k, b))
                     t = self._part("fill", t)
                     self.graphs[k].replay()
                     t = self._part("replay", t)
@@ -338,9 +341,16 @@ class GraphedStep:
         acc[1] += now[1] - since[1]
         return now
 
-    def _fill_beside(self, k: int, b) -> None:
+    def _inside(self, wall_cpu) -> None:
+        """Add the copy call's own (wall, CPU) seconds, timed inside it, to ``fill_inside``."""
+        if wall_cpu is not None:
+            acc = self.host_parts["fill_inside"]
+            acc[0] += wall_cpu[0]
+            acc[1] += wall_cpu[1]
+
+    def _fill_beside(self, k: int, b):
         """Copy batch ``b`` into set ``k`` on the fill stream, and make the training stream wait
-        for the copy (not for anything before it)."""
+        for the copy (not for anything before it). Returns what :meth:`PaddedBatch.fill` does."""
         cur = torch.cuda.current_stream(b.x.device)
         fs = self._fill_stream
         ready = getattr(b, "ready", None)
@@ -350,8 +360,9 @@ class GraphedStep:
             fs.wait_stream(cur)
         fs.wait_event(self._released[k])
         with torch.cuda.stream(fs):
-            self.bufs[k].fill(b)
+            inside = self.bufs[k].fill(b)
         cur.wait_stream(fs)
+        return inside
 
     def _padded_step(self, buf: PaddedBatch, zero_grad: bool = True):
         if zero_grad:
