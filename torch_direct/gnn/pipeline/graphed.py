@@ -242,16 +242,12 @@ class GraphedStep:
                 k = self._turn
                 self._turn = (k + 1) % len(self.graphs)
                 t = self._part("fits", t)
-                if self._fill_stream is None:
-                    self._inside(self.bufs[k].fill(b))
-                    t = self._part("fill", t)
-                    self.graphs[k].replay()
-                    self._part("replay", t)
-                else:
-                    self._inside(self._fill_beside(k, b))
-                    t = self._part("fill", t)
-                    self.graphs[k].replay()
-                    t = self._part("replay", t)
+                beside = self._fill_stream is not None
+                self._add("fill_inside", self._fill_beside(k, b) if beside else self.bufs[k].fill(b))
+                t = self._part("fill", t)
+                self.graphs[k].replay()
+                t = self._part("replay", t)
+                if beside:
                     self._released[k].record()
                     self._part("record", t)
                 self.replays += 1
@@ -333,20 +329,18 @@ class GraphedStep:
             # recorded again at each replay; waiting on one not yet recorded waits for nothing
             self._released = [torch.cuda.Event() for _ in bufs]
 
+    def _add(self, name: str, wall_cpu) -> None:
+        """Add (wall, CPU) seconds to part ``name`` (nothing for None: an untimed copy)."""
+        if wall_cpu is not None:
+            acc = self.host_parts[name]
+            acc[0] += wall_cpu[0]
+            acc[1] += wall_cpu[1]
+
     def _part(self, name: str, since: tuple) -> tuple:
         """Add the wall and CPU time from ``since`` to part ``name``; returns now's pair."""
         now = (time.perf_counter(), time.thread_time())
-        acc = self.host_parts[name]
-        acc[0] += now[0] - since[0]
-        acc[1] += now[1] - since[1]
+        self._add(name, (now[0] - since[0], now[1] - since[1]))
         return now
-
-    def _inside(self, wall_cpu) -> None:
-        """Add the copy call's own (wall, CPU) seconds, timed inside it, to ``fill_inside``."""
-        if wall_cpu is not None:
-            acc = self.host_parts["fill_inside"]
-            acc[0] += wall_cpu[0]
-            acc[1] += wall_cpu[1]
 
     def _fill_beside(self, k: int, b):
         """Copy batch ``b`` into set ``k`` on the fill stream, and make the training stream wait
