@@ -214,7 +214,7 @@ papers_variants() {  # papers-variants (VARIANTS, VARIANT_SETTINGS; the header s
     --cache-mb "${CACHE_MB:-13500}" --gather-cpu-threads "${GATHER_THREADS:-12}" > "$OUT/train_$name.log" 2>&1
   echo "train_variants $name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
   # each variant's row and its host side: the step, the CPU, the loop's GIL wait, the gathers' parts, the captured step's parts
-  grep -E "^variant |^\| (unified|gpu_resident) |: train step |run dry|: process CPU |s in all|to get the GIL back|gathers' parts|captured step:|host side a replay" \
+  grep -E "^variant |^\| (unified|gpu_resident) |: train step |run dry|: process CPU |s in all|to get the GIL back|gathers' parts|captured step:|host side a replay|copies into the captured" \
     "$OUT/train_$name.log"
 }
 

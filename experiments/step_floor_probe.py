@@ -60,7 +60,7 @@ from torch_direct.gnn.pipeline.aggregate import IMPLEMENTATIONS as AGGREGATIONS 
 from torch_direct.gnn.pipeline.models import (GNN, LAYERS, MODELS, PRECISIONS, SAGELayer,  # noqa: E402
                                           check_precision, make_optimizer, model_precision, use_pyg_for)
 from torch_direct.gnn.pipeline.options import FEATURE_DTYPES, fanout_list, resolve_device  # noqa: E402
-from torch_direct.gnn.pipeline.train import TrainingStream  # noqa: E402
+from torch_direct.gnn.pipeline.loader import TrainingStream  # noqa: E402
 
 
 def parse(argv=None):

@@ -123,6 +123,18 @@ class TestHostSideLines(TestCase):
                       out.getvalue())
         self.assertNotIn("pyg: steps handed", out.getvalue())
 
+    def test_the_copies_wait_is_printed_where_timed(self):
+        from torch_direct.gnn.bench.common import print_host_side
+        row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
+               "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
+               "gather_parts": {}, "train_step_copy_wait_s": 0.23456}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            print_host_side([row, dict(row, pipeline="gpu_resident", train_step_copy_wait_s=None)])
+        self.assertIn("unified: of the train step, the training stream waited 0.235 s for ready batches' copies "
+                      "into the captured step's buffers", out.getvalue())
+        self.assertNotIn("gpu_resident: of the train step", out.getvalue())
+
     def test_the_captured_steps_fit_is_printed_where_it_replayed(self):
         from torch_direct.gnn.bench.common import print_host_side
         row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,

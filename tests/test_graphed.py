@@ -17,6 +17,7 @@ from torch_direct.gnn.pipeline import PipelinedLoader, make_feature_store
 from torch_direct.gnn.pipeline import _aggregate
 from torch_direct.gnn.pipeline.graphed import GraphedStep, PaddedBatch, StepTally, auto_margins, batch_sizes, eager_step
 from torch_direct.gnn.pipeline.models import GNN, have_pyg, make_optimizer
+from torch_direct.gnn.pipeline.timing import Timer
 
 
 class _Tiny(TestCase):
@@ -295,8 +296,13 @@ class TestGraphedStep(_Tiny):
                         use_pyg=False).cuda()
             opt = make_optimizer(model, 1e-2, capturable=True)
             step = GraphedStep(model, opt, 64, warmup=2, buffers=buffers)
+            step.timer = Timer(True)
             runs[buffers, events] = [float(step(b)[0]) for b in batches]
             st = step.stats()
+            # with two sets, each replay times the training stream's wait for its batch's copy
+            waits = [e for e in step.timer.events if e[0] == "copy_wait"]
+            self.assertEqual(len(waits), st["replays"] if buffers == 2 else 0)
+            self.assertGreaterEqual(step.timer.totals().get("copy_wait", 0.0), 0.0)
             self.assertEqual(st["note"], "")
             self.assertEqual(st["buffers"], buffers)
             self.assertGreater(st["replays"], st["eager_steps"])

@@ -220,6 +220,8 @@ class TestTrain(TestCase):
         self.assertEqual((rec["train_step_host_s"], rec["train_step_cpu_s"]), (ep["step_host"], ep["step_cpu"]))
         # no stream on the CPU: no step is counted as handed to one that ran dry
         self.assertEqual((rec["train_steps_dry"], rec["train_step_dry_host_s"]), (0, 0.0))
+        # no captured step with two sets of buffers: no copies' wait to report
+        self.assertIsNone(rec["train_step_copy_wait_s"])
         if os.path.exists("/proc/thread-self/schedstat"):
             self.assertGreaterEqual(ep["run_delay"], 0.0)
             self.assertEqual(rec["loop_run_delay_s"], ep["run_delay"])
@@ -629,6 +631,12 @@ class TestTrain(TestCase):
             for a, b in zip(recs[0]["epochs"], recs[1]["epochs"]):
                 self.assertEqual(a["loss"], b["loss"], atol=1e-4, rtol=1e-4, msg=graph)
             self.assertEqual(recs[1]["step_priority"], "high")
+            # two graphed sets time the training stream's wait for the copies (part of the step's time)
+            for e in recs[0]["epochs"] + recs[1]["epochs"]:
+                if graph:
+                    self.assertTrue(0.0 <= e["train_step_copy_wait_s"] <= e["train_step_s"], msg=e)
+                else:
+                    self.assertIsNone(e["train_step_copy_wait_s"])
 
     @requires_gpu
     def test_fp8_hybrid_and_reordered_cache_train_the_same(self):

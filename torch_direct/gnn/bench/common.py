@@ -98,6 +98,9 @@ def print_host_side(rows: list[dict]) -> None:
               f"{r['train_step_host_s']:.3f} s wall, {r['train_step_cpu_s']:.3f} s CPU; the loop waited "
               f"{_secs(r.get('loop_run_delay_s'))} s for a core in the epoch (host near the step: the host "
               "paced it; wall above CPU: the loop waited, for the GIL or for a core)")
+        if r.get("train_step_copy_wait_s") is not None:
+            print(f"{r['pipeline']}: of the train step, the training stream waited {r['train_step_copy_wait_s']:.3f} s "
+                  "for ready batches' copies into the captured step's buffers (what the replay before did not hide)")
         if r.get("train_steps_dry") is not None:
             print(f"{r['pipeline']}: steps handed to a training stream that had run dry: {r['train_steps_dry']:.0f} "
                   "(the epoch's first always is); the GPU idled until the loop launched them, and the loop's "

@@ -152,6 +152,7 @@ def epoch_row(name: str, rec: dict, note: str) -> dict:
            "train_step_s": statistics.median(e["train_step_s"] for e in timed),
            "train_step_host_s": statistics.median(e["train_step_host_s"] for e in timed),
            "train_step_cpu_s": statistics.median(e["train_step_cpu_s"] for e in timed),
+           "train_step_copy_wait_s": median_or_none(e.get("train_step_copy_wait_s") for e in timed),
            "train_steps_dry": median_or_none(e.get("train_steps_dry") for e in timed),
            "train_step_dry_host_s": median_or_none(e.get("train_step_dry_host_s") for e in timed),
            "loop_run_delay_s": median_or_none(e["loop_run_delay_s"] for e in timed),

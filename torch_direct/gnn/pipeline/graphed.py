@@ -212,6 +212,9 @@ class GraphedStep:
         # per part of a replayed step's host side, the [wall, this thread's CPU] seconds summed:
         # where the loop's time in a step call goes, and which part waits off the CPU
         self.host_parts = {p: [0.0, 0.0] for p in HOST_PARTS}
+        # a timing.Timer (the training loop's): with two sets, the training stream's wait for each
+        # replayed batch's copy, the part of the copy the last replay did not hide ("copy_wait")
+        self.timer = None
 
     @property
     def graph(self):
@@ -355,7 +358,10 @@ class GraphedStep:
         fs.wait_event(self._released[k])
         with torch.cuda.stream(fs):
             inside = self.bufs[k].fill(b)
+        t = self.timer.start(cur) if self.timer is not None else None
         cur.wait_stream(fs)
+        if t is not None:
+            self.timer.stop("copy_wait", t, cur)
         return inside
 
     def _padded_step(self, buf: PaddedBatch, zero_grad: bool = True):

@@ -39,6 +39,7 @@ import queue
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 
 import torch
 
@@ -322,3 +323,27 @@ class PipelinedLoader:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+class TrainingStream:
+    """The CUDA stream the training steps run on (``--step-priority``): the current one, or with
+    ``high`` one stream at the device's highest priority for the whole run (tensors the steps
+    allocate stay in one stream's pool). ``active()`` runs a block on it, ordered after the
+    current stream's work on entry and before its later work on exit. On the CPU, nothing
+    changes."""
+
+    def __init__(self, priority: str, device):
+        self.device = device
+        prio = cuda_priority(priority, "step priority", device.type == "cuda")
+        self.stream = torch.cuda.Stream(device, priority=prio) if prio != 0 else None
+
+    @contextmanager
+    def active(self):
+        if self.stream is None:
+            yield
+            return
+        before = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(before)
+        with torch.cuda.stream(self.stream):
+            yield
+        before.wait_stream(self.stream)

@@ -40,7 +40,7 @@ import torch
 from ..progress import progress
 from .evaluation import evaluate, full_test_accuracy, test_ids
 from .graphed import GraphedStep, StepTally, eager_step
-from .loader import cuda_priority
+from .loader import TrainingStream
 from .models import GNN, make_optimizer, model_precision, use_pyg_for
 from .options import add_arguments, check_options, check_paths, resolve_device  # noqa: F401  (add_arguments: the command.s options)
 from .timing import STEP_MARK, GilProbe, StepProfiler, Timer, split_by_busy, sync
@@ -112,30 +112,6 @@ def load(args, ctx, show: bool):
     return ds, (seconds if any(seconds.values()) else {})
 
 
-class TrainingStream:
-    """The CUDA stream the training steps run on (``--step-priority``): the current one, or with
-    ``high`` one stream at the device's highest priority for the whole run (tensors the steps
-    allocate stay in one stream's pool). ``active()`` runs a block on it, ordered after the
-    current stream's work on entry and before its later work on exit. On the CPU, nothing
-    changes."""
-
-    def __init__(self, priority: str, device):
-        self.device = device
-        prio = cuda_priority(priority, "step priority", device.type == "cuda")
-        self.stream = torch.cuda.Stream(device, priority=prio) if prio != 0 else None
-
-    @contextmanager
-    def active(self):
-        if self.stream is None:
-            yield
-            return
-        before = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(before)
-        with torch.cuda.stream(self.stream):
-            yield
-        before.wait_stream(self.stream)
-
-
 def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler=None, step=None) -> dict:
     """One pass over ``loader``'s batches: forward, loss, backward, optimizer step (``step(batch)``
     when given, returning the loss and the seeds' logits: the CUDA-graphed step). Returns the
@@ -145,7 +121,8 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     its stream time was paced by the host: by launches, or by a thread that waited for the
     GIL or a core where the wall time exceeds the CPU time), the steps handed to a CUDA stream
     that had run dry (whose time includes the host's launch of them) and the loop's wall time in
-    them, the seconds this thread waited for a core over the epoch (None where the kernel does
+    them, the steps' stream time waiting for their batches' copies into a graphed step's buffers
+    (two sets: ``step.timer``; None otherwise), the seconds this thread waited for a core over the epoch (None where the kernel does
     not say), the process's CPU seconds over the epoch (every thread's, the loader's and the
     gathers' pools included), the summed loss and the correct and seen counts, as floats."""
     step_model.train()
@@ -157,6 +134,9 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     dry, dry_host = 0, 0.0
     tally = StepTally(device)
     gil = GilProbe()
+    graphed = step if isinstance(step, GraphedStep) else None
+    if graphed is not None:
+        graphed.timer = steps
     sync(device)
     p0 = time.process_time()
     t0 = time.perf_counter()
@@ -184,8 +164,11 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
         sync(device)
     total = time.perf_counter() - t0
     process_cpu = time.process_time() - p0
-    return {"total": total, "step": steps.total(), "step_host": steps.host_seconds.get("step", 0.0),
-            "step_cpu": cpu, "dry_steps": dry, "dry_step_host": dry_host,
+    if graphed is not None:
+        graphed.timer = None
+    times = steps.totals()
+    return {"total": total, "step": times.get("step", 0.0), "copy_wait": times.get("copy_wait"),
+            "step_host": steps.host_seconds.get("step", 0.0), "step_cpu": cpu, "dry_steps": dry, "dry_step_host": dry_host,
             "run_delay": steps.threads()["loop"]["run_delay_s"], "process_cpu": process_cpu,
             "gil_ms": gil.mean_ms(),
             "loss": float(tally.loss), "correct": float(tally.correct), "seen": float(seen)}
@@ -199,7 +182,9 @@ def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
     (``train_step_host_s``) and its thread's CPU time there (``train_step_cpu_s``), the steps
     handed to a training stream that had run dry and the loop's wall time in their calls
     (``train_steps_dry``, ``train_step_dry_host_s``: time the steps' stream time counts though
-    the GPU idled, waiting for the host to launch them), and the
+    the GPU idled, waiting for the host to launch them), the part of the steps' stream time that
+    waited for the copies of ready batches into the graphed step's buffers, which the replay
+    before did not hide (``train_step_copy_wait_s``; None but with two sets of buffers), and the
     seconds the loop's thread waited for a core in the epoch (``loop_run_delay_s``, None where
     unknown) and the mean milliseconds it took to get the GIL back after letting it go, sampled
     every ``timing.GIL_PROBE_EVERY`` steps (``loop_gil_wait_ms``: :class:`timing.GilProbe`; None
@@ -210,7 +195,8 @@ def epoch_record(epoch: int, ep: dict, stats: dict, valid_acc: float) -> dict:
     total, step, seen = ep["total"], ep["step"], ep["seen"]
     exposed = split_by_busy(max(stats["wait"], total - step), stats["busy"])
     return {"epoch": epoch, "total_s": total, "train_step_s": step, "train_step_host_s": ep["step_host"],
-            "train_step_cpu_s": ep["step_cpu"], "train_steps_dry": ep["dry_steps"],
+            "train_step_cpu_s": ep["step_cpu"], "train_step_copy_wait_s": ep["copy_wait"],
+            "train_steps_dry": ep["dry_steps"],
             "train_step_dry_host_s": ep["dry_step_host"], "loop_run_delay_s": ep["run_delay"],
             "loop_gil_wait_ms": ep["gil_ms"], "loader_wait_s": stats["wait"],
             "exposed_s": exposed, "busy_s": stats["busy"], "loader_threads": stats.get("threads", {}),
