@@ -98,74 +98,65 @@ class _Tiny(TinyDatasetCase):
         return lambda *a, **kw: FakeNeighborLoader(graph, *a, counts=counts, **kw)
 
 
+def host_row(extra: dict) -> dict:
+    """A bench train row with the host-side figures every run has, and ``extra``."""
+    return {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
+            "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
+            "gather_parts": {}, **extra}
+
+
+def printed(rows: list) -> str:
+    """What print_host_side prints for ``rows``."""
+    from torch_direct.gnn.bench.common import print_host_side
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_host_side(rows)
+    return out.getvalue()
+
+
 class TestHostSideLines(TestCase):
     def test_the_gil_probe_is_printed_where_measured(self):
-        from torch_direct.gnn.bench.common import print_host_side
-        row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
-               "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
-               "gather_parts": {}, "loop_gil_wait_ms": 1.2345}
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            print_host_side([row, dict(row, pipeline="gpu_resident", loop_gil_wait_ms=None)])
-        self.assertIn("unified: the loop took 1.234 ms on average to get the GIL back after letting it go", out.getvalue())
-        self.assertNotIn("gpu_resident: the loop took", out.getvalue())
+        row = host_row({"loop_gil_wait_ms": 1.2345})
+        out = printed([row, dict(row, pipeline="gpu_resident", loop_gil_wait_ms=None)])
+        self.assertIn("unified: the loop took 1.234 ms on average to get the GIL back after letting it go", out)
+        self.assertNotIn("gpu_resident: the loop took", out)
 
     def test_steps_on_a_dry_stream_are_printed_where_counted(self):
-        from torch_direct.gnn.bench.common import print_host_side
-        row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
-               "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
-               "gather_parts": {}, "train_steps_dry": 812.0, "train_step_dry_host_s": 0.41234}
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            print_host_side([row, dict(row, pipeline="pyg", train_steps_dry=None)])
+        row = host_row({"train_steps_dry": 812.0, "train_step_dry_host_s": 0.41234})
+        out = printed([row, dict(row, pipeline="pyg", train_steps_dry=None)])
         self.assertIn("unified: steps handed to a training stream that had run dry: 812 (the epoch's first always "
                       "is); the GPU idled until the loop launched them, and the loop's 0.412 s in those steps",
-                      out.getvalue())
-        self.assertNotIn("pyg: steps handed", out.getvalue())
+                      out)
+        self.assertNotIn("pyg: steps handed", out)
 
     def test_the_copies_wait_is_printed_where_timed(self):
-        from torch_direct.gnn.bench.common import print_host_side
-        row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
-               "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
-               "gather_parts": {}, "train_step_copy_wait_s": 0.23456}
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            print_host_side([row, dict(row, pipeline="gpu_resident", train_step_copy_wait_s=None)])
+        row = host_row({"train_step_copy_wait_s": 0.23456})
+        out = printed([row, dict(row, pipeline="gpu_resident", train_step_copy_wait_s=None)])
         self.assertIn("unified: of the train step, the training stream waited 0.235 s for ready batches' copies "
-                      "into the captured step's buffers", out.getvalue())
-        self.assertNotIn("gpu_resident: of the train step", out.getvalue())
+                      "into the captured step's buffers", out)
+        self.assertNotIn("gpu_resident: of the train step", out)
 
     def test_the_captured_steps_fit_is_printed_where_it_replayed(self):
-        from torch_direct.gnn.bench.common import print_host_side
-        row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
-               "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
-               "gather_parts": {}, "cuda_graph": {"replays": 1176, "misses": 2, "fill": [[0.9669, 0.9667], [0.9, 0.9]],
-                                                 "margin_used": [[0.02, 0.02, 0.04], [0.1, 0.02, 0.1]]}}
+        row = host_row({"cuda_graph": {"replays": 1176, "misses": 2, "fill": [[0.9669, 0.9667], [0.9, 0.9]],
+                                       "margin_used": [[0.02, 0.02, 0.04], [0.1, 0.02, 0.1]]}})
         eager = dict(row, pipeline="gpu_resident", cuda_graph={"replays": 0, "misses": 0, "fill": None})
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            print_host_side([row, eager])
+        out = printed([row, eager])
         self.assertIn("unified: the captured step: 1176 replays, 2 misses (stepped eagerly); the batches filled "
                       "0.967 of the first block's padded sources and 0.967 of its edges (its sources' margin 0.020)",
-                      out.getvalue())
-        self.assertNotIn("gpu_resident: the captured step", out.getvalue())
-        self.assertNotIn("host side a replay", out.getvalue())   # no parts recorded
+                      out)
+        self.assertNotIn("gpu_resident: the captured step", out)
+        self.assertNotIn("host side a replay", out)   # no parts recorded
 
     def test_the_captured_steps_host_parts_are_printed_a_replay(self):
-        from torch_direct.gnn.bench.common import print_host_side
         parts = {"fits": {"wall_s": 0.012, "cpu_s": 0.01}, "fill": {"wall_s": 0.3, "cpu_s": 0.1},
                  "fill_inside": {"wall_s": 0.2, "cpu_s": 0.09},
                  "replay": {"wall_s": 0.05, "cpu_s": 0.04}, "record": {"wall_s": 0.0, "cpu_s": 0.0}}
-        row = {"pipeline": "unified", "status": "ok", "train_step_s": 2.0, "train_step_host_s": 1.5,
-               "train_step_cpu_s": 1.0, "loop_run_delay_s": 0.01, "process_cpu_s": 9.0, "loader_threads": {},
-               "gather_parts": {}, "cuda_graph": {"replays": 1000, "misses": 0, "fill": [[0.9, 0.9]],
-                                                 "margin_used": [[0.02, 0.02, 0.04]], "host_parts": parts}}
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            print_host_side([row])
+        row = host_row({"cuda_graph": {"replays": 1000, "misses": 0, "fill": [[0.9, 0.9]],
+                                       "margin_used": [[0.02, 0.02, 0.04]], "host_parts": parts}})
+        out = printed([row])
         self.assertIn("unified: the captured step's host side a replay, wall / CPU (wall above CPU: a wait off "
                       "the CPU, for the GIL or inside the call): fits 12.0 / 10.0 us, fill 300.0 / 100.0 us, "
-                      "fill inside 200.0 / 90.0 us, replay 50.0 / 40.0 us\n", out.getvalue())   # a part never timed (one set: no record) left out
+                      "fill inside 200.0 / 90.0 us, replay 50.0 / 40.0 us\n", out)   # a part never timed (one set: no record) left out
 
 
 class TestBenchTrainCPU(_Tiny):
