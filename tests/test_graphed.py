@@ -45,7 +45,7 @@ class _Tiny(TestCase):
 
 
 class TestPadding(_Tiny):
-    def padded(self, b, src_extra=7, edge_extra=11, seeds_extra=3):
+    def padded(self, b, src_extra=7, edge_extra=11, seeds_extra=3, index_dtype=None):
         """Buffers for ``b`` with room to spare: ``src_extra`` more source rows a block (one is
         the padding target row the next block's targets need), ``edge_extra`` more edges."""
         sizes = batch_sizes(b)
@@ -55,7 +55,8 @@ class TestPadding(_Tiny):
             sources = max(s[0] + src_extra, targets)
             caps.append((sources, targets, s[2] + edge_extra))
             targets = sources
-        return PaddedBatch(list(reversed(caps)), seeds, b.x.shape[1], b.x.dtype, b.adjs[0][0].dtype, b.x.device)
+        return PaddedBatch(list(reversed(caps)), seeds, b.x.shape[1], b.x.dtype, index_dtype or b.adjs[0][0].dtype,
+                           b.x.device)
 
     def check_same(self, model_name, use_pyg):
         # The logits of the batch's seeds, the loss and every gradient are those of the batch alone.
@@ -114,39 +115,50 @@ class TestPadding(_Tiny):
         self.assertFalse(self.padded(big, src_extra=0, edge_extra=0, seeds_extra=1).fits(big))   # no padding row
         self.assertFalse(self.padded(big, seeds_extra=0).fits(big))                               # no padding seed
 
-    def test_fused_fill_writes_what_the_python_ops_write(self):
-        # one C++ call (the default) against the ops one Python call at a time, over buffers that
-        # held a larger batch first, at both index widths
-        big, small = sorted(self.batches(2, batch_size=48), key=lambda b: -b.x.shape[0])[:2]
-        for dtype in (torch.long, torch.int32):
-            with self.subTest(index=dtype):
-                def cast(b):
-                    b2 = copy.copy(b)
-                    b2.adjs = [(ei.to(dtype), eid, size) for ei, eid, size in b.adjs]
-                    return b2
-                filled = []
-                for host in ("fused", "python"):
-                    with torch_direct.experimental(step_host=host):
-                        buf = self.padded(cast(big), edge_extra=23)
-                    self.assertEqual(buf.fused, host == "fused")
-                    buf.fill(cast(big))
-                    timed = buf.fill(cast(small))
-                    if host == "fused":   # the call's own wall and CPU seconds, timed inside it
-                        self.assertEqual(len(timed), 2)
-                        self.assertTrue(all(isinstance(v, float) and 0 <= v < 60 for v in timed), timed)
-                        self.assertGreater(timed[0], 0)
-                    else:
-                        self.assertIsNone(timed)
-                    filled.append(buf)
-                fused, python = filled
-                self.assertEqual(fused.x, python.x, atol=0, rtol=0)
-                self.assertEqual(fused.y, python.y, atol=0, rtol=0)
-                for e_f, e_p in zip(fused.edges, python.edges):
-                    self.assertEqual(e_f.dtype, dtype)
-                    self.assertEqual(e_f, e_p, atol=0, rtol=0)
+    def check_fills_agree(self, device):
+        # one C++ call (the default: on a GPU one kernel for the edges and labels; aten: ATen ops)
+        # against the ops one Python call at a time, over buffers that held a larger batch first,
+        # at every pair of buffer and batch index widths, the batch's edges contiguous or not
+        big, small = sorted(self.batches(2, batch_size=48, device=device), key=lambda b: -b.x.shape[0])[:2]
+        for buf_dtype in (torch.long, torch.int32):
+            for dtype in (torch.long, torch.int32):
+                for strided in (False, True):
+                    with self.subTest(buffer=buf_dtype, index=dtype, strided=strided):
+                        def cast(b):
+                            b2 = copy.copy(b)
+                            b2.adjs = [((ei.to(dtype).t().contiguous().t() if strided else ei.to(dtype)), eid, size)
+                                       for ei, eid, size in b.adjs]
+                            return b2
+                        filled = []
+                        for host in ("fused", "aten", "python"):
+                            with torch_direct.experimental(step_host=host):
+                                buf = self.padded(cast(big), edge_extra=23, index_dtype=buf_dtype)
+                            self.assertEqual((buf.fused, buf.kernel), (host != "python", host == "fused"))
+                            buf.fill(cast(big))
+                            timed = buf.fill(cast(small))
+                            if host != "python":   # the call's own wall and CPU seconds, timed inside it
+                                self.assertEqual(len(timed), 2)
+                                self.assertTrue(all(isinstance(v, float) and 0 <= v < 60 for v in timed), timed)
+                                self.assertGreater(timed[0], 0)
+                            else:
+                                self.assertIsNone(timed)
+                            filled.append(buf)
+                        for other in filled[1:]:
+                            self.assertEqual(filled[0].x, other.x, atol=0, rtol=0)
+                            self.assertEqual(filled[0].y, other.y, atol=0, rtol=0)
+                            for e_f, e_p in zip(filled[0].edges, other.edges):
+                                self.assertEqual(e_f.dtype, buf_dtype)
+                                self.assertEqual(e_f, e_p, atol=0, rtol=0)
 
-    def test_fused_fill_refuses_a_batch_that_does_not_fit_before_writing(self):
-        big, small = sorted(self.batches(2, batch_size=48), key=lambda b: -b.x.shape[0])[:2]
+    def test_fused_fill_writes_what_the_python_ops_write(self):
+        self.check_fills_agree("cpu")
+
+    @requires_gpu
+    def test_fused_fill_writes_what_the_python_ops_write_on_the_gpu(self):
+        self.check_fills_agree("cuda")
+
+    def check_refusal_writes_nothing(self, device):
+        big, small = sorted(self.batches(2, batch_size=48, device=device), key=lambda b: -b.x.shape[0])[:2]
         buf = self.padded(small)
         buf.fill(small)
         before = [buf.x.clone(), buf.y.clone()] + [e.clone() for e in buf.edges]
@@ -159,13 +171,20 @@ class TestPadding(_Tiny):
         with self.assertRaisesRegex(RuntimeError, "leaves no padding row"):
             _aggregate.fill_padded(buf.x, small.x, buf.edges, [a[0] for a in adjs], buf.ramps, buf.pad_src,
                                    [int(a[2][1]) for a in adjs[:-1]] + [buf.caps[-1][1]],
-                                   [c[1] for c in buf.caps], buf.y, small.y)
+                                   [c[1] for c in buf.caps], buf.y, small.y, True)
         with self.assertRaisesRegex(RuntimeError, "one entry per block"):
             _aggregate.fill_padded(buf.x, small.x, buf.edges, [a[0] for a in adjs[:-1]], buf.ramps, buf.pad_src,
-                                   [1] * len(adjs), [c[1] for c in buf.caps], buf.y, small.y)
+                                   [1] * len(adjs), [c[1] for c in buf.caps], buf.y, small.y, True)
         after = [buf.x, buf.y] + list(buf.edges)
         for a, b in zip(after, before):
             self.assertEqual(a, b, atol=0, rtol=0)
+
+    def test_fused_fill_refuses_a_batch_that_does_not_fit_before_writing(self):
+        self.check_refusal_writes_nothing("cpu")
+
+    @requires_gpu
+    def test_fused_fill_refuses_a_batch_that_does_not_fit_before_writing_on_the_gpu(self):
+        self.check_refusal_writes_nothing("cuda")
 
     def test_mismatched_capacities_are_refused(self):
         with self.assertRaisesRegex(ValueError, "targets but block 1"):
@@ -202,7 +221,7 @@ class TestStepTally(TestCase):
         self.assertEqual(float(t.loss), 0.0)
 
     def test_a_bad_setting_is_refused(self):
-        with torch_direct.experimental(step_host="cpp"), self.assertRaisesRegex(ValueError, "step_host must be fused or python, not 'cpp'"):
+        with torch_direct.experimental(step_host="cpp"), self.assertRaisesRegex(ValueError, "step_host must be fused, aten or python, not 'cpp'"):
             StepTally("cpu")
 
 

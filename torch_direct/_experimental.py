@@ -59,9 +59,10 @@ SETTINGS = {
                           "they make themselves (the cache's slots, the hybrid gather's reordering), which spares "
                           "the CUDA gather its pass over them and its wait for the stream; checked = gather checks "
                           "them as any index (default: known)",
-    "step_host": "fused | python: python = the graphed step's copy of each batch into its padded buffers and "
-                 "the training loop's loss and accuracy tally issue their ATen ops one Python call at a time "
-                 "(default: fused: one C++ call each, without the GIL)",
+    "step_host": "fused | aten | python: python = the graphed step's copy of each batch into its padded buffers "
+                 "and the training loop's loss and accuracy tally issue their ATen ops one Python call at a time; "
+                 "aten = one C++ call each, without the GIL, issuing the ATen ops (default: fused: the same calls, "
+                 "the copy on a GPU a memcpy, a memset and one kernel)",
     "hybrid_copies": "wait | ordered: ordered = a hybrid gather (gather with cpu_threads) returns once its CPU rows' "
                      "copies to the GPU are queued, the current stream ordered after them and their pinned "
                      "staging kept until they are done, instead of waiting for them (default: wait)",

@@ -22,9 +22,13 @@ double thread_cpu_seconds() {
 std::tuple<double, double> fill_padded(at::Tensor x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
                  const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
                  const std::vector<at::Tensor>& pad_src, const std::vector<int64_t>& block_dsts,
-                 const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y) {
+                 const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y, bool kernel) {
   const auto wall0 = std::chrono::steady_clock::now();
   const double cpu0 = thread_cpu_seconds();
+  const auto spent = [&]() -> std::tuple<double, double> {
+    const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - wall0;
+    return {wall.count(), thread_cpu_seconds() - cpu0};
+  };
   const char* op = "fill_padded";
   const size_t blocks = edges.size();
   TORCH_CHECK(block_edges.size() == blocks && ramps.size() == blocks && pad_src.size() == blocks &&
@@ -49,6 +53,14 @@ std::tuple<double, double> fill_padded(at::Tensor x_buf, const at::Tensor& x, co
                 " targets, which leaves no padding row below its capacity ", dst_caps[i]);
   }
   c10::NoGradGuard no_grad;
+#ifdef TORCH_DIRECT_WITH_CUDA
+  if (kernel && fill_padded_cuda_applies(x_buf, x, edges, block_edges, ramps, pad_src, y_buf, y)) {
+    fill_padded_cuda(x_buf, x, edges, block_edges, ramps, pad_src, block_dsts, dst_caps, y_buf, y);
+    return spent();
+  }
+#else
+  (void)kernel;
+#endif
   const int64_t n = x.size(0);
   x_buf.narrow(0, 0, n).copy_(x);
   x_buf.narrow(0, n, x_buf.size(0) - n).zero_();
@@ -70,8 +82,7 @@ std::tuple<double, double> fill_padded(at::Tensor x_buf, const at::Tensor& x, co
   const int64_t s = y.size(0);
   y_buf.narrow(0, 0, s).copy_(y);
   y_buf.narrow(0, s, y_buf.size(0) - s).fill_(-1);
-  const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - wall0;
-  return {wall.count(), thread_cpu_seconds() - cpu0};
+  return spent();
 }
 
 void tally_step(at::Tensor loss_sum, at::Tensor correct, const at::Tensor& loss, const at::Tensor& logits,

@@ -17,13 +17,29 @@ namespace torch_direct::aggregate {
 // dst_caps[i] - 1, grouped by target) and y into y_buf's first entries (the rest -1).
 // block_edges[i] is block i's [2, k] edge index, block_dsts[i] its target count; ramps[i] is
 // arange over edges[i]'s columns. A batch that does not fit is refused before anything is written.
+// With kernel (and CUDA tensors of the shapes a PaddedBatch keeps: contiguous buffers, the
+// features' dtype the buffer's, int64 labels), the copy is a memcpy, a memset and one kernel for
+// every block's edges and the labels (fill_padded_cuda) instead of a few ATen ops a block.
 // Returns the call's own wall and thread-CPU seconds, timed inside it (without the GIL): beside
 // the caller's timing of the call, what it waited for the GIL on its way back, and beside each
 // other, what its launches waited off the CPU (a CUDA driver lock, say).
 std::tuple<double, double> fill_padded(at::Tensor x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
                  const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
                  const std::vector<at::Tensor>& pad_src, const std::vector<int64_t>& block_dsts,
-                 const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y);
+                 const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y, bool kernel);
+
+#ifdef TORCH_DIRECT_WITH_CUDA
+constexpr int kMaxFillBlocks = 16;   // the most blocks (layers) the one-kernel copy takes
+// Whether fill_padded_cuda takes these tensors (else fill_padded issues ATen ops).
+bool fill_padded_cuda_applies(const at::Tensor& x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
+                              const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
+                              const std::vector<at::Tensor>& pad_src, const at::Tensor& y_buf, const at::Tensor& y);
+// fill_padded's copy on the current CUDA stream, the arguments checked by fill_padded.
+void fill_padded_cuda(at::Tensor& x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
+                      const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
+                      const std::vector<at::Tensor>& pad_src, const std::vector<int64_t>& block_dsts,
+                      const std::vector<int64_t>& dst_caps, at::Tensor& y_buf, const at::Tensor& y);
+#endif
 
 // loss_sum += loss * batch_size; correct += how many labelled entries of y (y >= 0) have their
 // label as the top logit of their row (logits: [len(y), classes]).

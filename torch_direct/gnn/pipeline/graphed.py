@@ -34,9 +34,13 @@ The copy waits for the batch's own ``ready`` event (set by the pipelined loader;
 for the training stream's work so far) and for the last replay that read that set.
 
 The copy into the buffers is one call into C++ that runs without the GIL (``_aggregate.
-fill_padded``: the same ATen ops), so the training loop takes the GIL once for it instead of
-once an op while the loader's Python threads want it too. The experimental setting
-``step_host=python`` issues the ops one Python call at a time instead, for comparison.
+fill_padded``), so the training loop takes the GIL once for it instead of once an op while the
+loader's Python threads want it too. On a GPU that call is a memcpy of the features, a memset of
+their padding and one kernel for every block's edges and the labels: three launches where the
+ATen ops were a few a block, since the loop's time from a batch's arrival to its replay's launch
+is time a training stream that waited for the batch stands idle. The experimental setting
+``step_host=aten`` issues the ATen ops from that call instead, and ``step_host=python`` one
+Python call an op, for comparison.
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ HOST_PARTS = ("fits", "fill", "fill_inside", "replay", "record")
 
 def step_host() -> str:
     """The experimental setting ``step_host``: ``fused`` (default: a step's host-side copies and
-    tally in one C++ call each, without the GIL) or ``python`` (one Python call an op)."""
-    return torch_direct.experimental_setting("step_host", choices=("fused", "python"), default="fused")
+    tally in one C++ call each, without the GIL; on a GPU the copy's edges and labels in one
+    kernel), ``aten`` (the same calls, the copy as ATen ops) or ``python`` (one Python call an op)."""
+    return torch_direct.experimental_setting("step_host", choices=("fused", "aten", "python"), default="fused")
 
 
 AUTO_MARGIN_FLOOR, AUTO_MARGIN_CAP, AUTO_MARGIN_SPREADS = 0.02, 0.1, 4.0
@@ -113,7 +118,8 @@ class PaddedBatch:
         self.edges = [torch.stack([p, torch.full_like(p, c[1] - 1)]) for p, c in zip(self.pad_src, caps)]
         self.y = torch.full((seeds,), -1, dtype=torch.long, device=device)
         self.adjs = [(e, None, (c[0], c[1])) for e, c in zip(self.edges, caps)]
-        self.fused = step_host() == "fused"   # read once: fill runs every step
+        host = step_host()   # read once: fill runs every step
+        self.fused, self.kernel = host != "python", host == "fused"
 
     def fits(self, b):
         """Batch ``b``'s sizes (as :func:`batch_sizes`) where it fits, each size within its capacity
@@ -129,7 +135,7 @@ class PaddedBatch:
         if self.fused:
             return _aggregate.fill_padded(self.x, b.x, self.edges, [ei for ei, _, _ in b.adjs], self.ramps,
                                           self.pad_src, [int(size[1]) for _, _, size in b.adjs],
-                                          [c[1] for c in self.caps], self.y, b.y)
+                                          [c[1] for c in self.caps], self.y, b.y, self.kernel)
         n = b.x.shape[0]
         self.x[:n].copy_(b.x)
         self.x[n:].zero_()
@@ -157,7 +163,7 @@ class StepTally:
     def __init__(self, device):
         self.loss = torch.zeros((), device=device)
         self.correct = torch.zeros((), dtype=torch.long, device=device)
-        self.fused = step_host() == "fused"
+        self.fused = step_host() != "python"
 
     def add(self, loss, logits, y, batch_size: int) -> None:
         if self.fused:
