@@ -306,7 +306,8 @@ class TestGraphedStep(_Tiny):
         batches = self.batches(12, device="cuda")
         self.assertTrue(all(isinstance(b.ready, torch.cuda.Event) for b in batches))
         runs = {}
-        for buffers, events in ((1, True), (2, True), (2, False)):
+        # (two sets: by default the waits and the copy in one C++ call; aten: the waits from Python)
+        for buffers, events, host in ((1, True, "fused"), (2, True, "fused"), (2, True, "aten"), (2, False, "fused")):
             if not events:
                 for b in batches:
                     b.ready = None
@@ -316,7 +317,9 @@ class TestGraphedStep(_Tiny):
             opt = make_optimizer(model, 1e-2, capturable=True)
             step = GraphedStep(model, opt, 64, warmup=2, buffers=buffers)
             step.timer = Timer(True)
-            runs[buffers, events] = [float(step(b)[0]) for b in batches]
+            with torch_direct.experimental(step_host=host):
+                runs[buffers, events, host] = [float(step(b)[0]) for b in batches]
+            self.assertEqual(step.bufs[0].kernel, host == "fused")
             st = step.stats()
             # with two sets, each replay times the training stream's wait for its batch's copy
             waits = [e for e in step.timer.events if e[0] == "copy_wait"]
@@ -338,8 +341,8 @@ class TestGraphedStep(_Tiny):
             for part, t in st["host_parts"].items():
                 self.assertEqual(t["wall_s"] > 0, part in timed, part)
                 self.assertGreaterEqual(t["cpu_s"], 0.0)
-        for key in ((2, True), (2, False)):
-            self.assertEqual(runs[key], runs[1, True], atol=1e-4, rtol=1e-4, msg=str(key))  # atomics: sums in any order
+        for key in ((2, True, "fused"), (2, True, "aten"), (2, False, "fused")):
+            self.assertEqual(runs[key], runs[1, True, "fused"], atol=1e-4, rtol=1e-4, msg=str(key))  # atomics: sums in any order
 
 
 class TestOption(_Tiny):

@@ -61,8 +61,9 @@ SETTINGS = {
                           "them as any index (default: known)",
     "step_host": "fused | aten | python: python = the graphed step's copy of each batch into its padded buffers "
                  "and the training loop's loss and accuracy tally issue their ATen ops one Python call at a time; "
-                 "aten = one C++ call each, without the GIL, issuing the ATen ops (default: fused: the same calls, "
-                 "the copy on a GPU a memcpy, a memset and one kernel)",
+                 "aten = one C++ call each, without the GIL, issuing the ATen ops, with two sets of buffers the "
+                 "copy's stream waits issued from Python (default: fused: on a GPU the copy a memcpy, a memset "
+                 "and one kernel, with two sets the waits in the same call)",
     "hybrid_copies": "wait | ordered: ordered = a hybrid gather (gather with cpu_threads) returns once its CPU rows' "
                      "copies to the GPU are queued, the current stream ordered after them and their pinned "
                      "staging kept until they are done, instead of waiting for them (default: wait)",

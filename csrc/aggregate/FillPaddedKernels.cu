@@ -142,4 +142,29 @@ void fill_padded_cuda(at::Tensor& x_buf, const at::Tensor& x, const std::vector<
     launch<int64_t, int64_t>(edges, block_edges, ramps, pad_src, block_dsts, dst_caps, y_buf, y, stream);
 }
 
+std::tuple<double, double> fill_padded_beside(int64_t fill_stream, int64_t train_stream, const std::vector<int64_t>& waits,
+                                              int64_t copied, at::Tensor x_buf, const at::Tensor& x,
+                                              const std::vector<at::Tensor>& edges,
+                                              const std::vector<at::Tensor>& block_edges,
+                                              const std::vector<at::Tensor>& ramps, const std::vector<at::Tensor>& pad_src,
+                                              const std::vector<int64_t>& block_dsts,
+                                              const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y) {
+  TORCH_CHECK(x_buf.is_cuda(), "fill_padded_beside: the buffers must be on a CUDA device, not ", x_buf.device());
+  TORCH_CHECK(fill_stream != 0 && train_stream != 0 && copied != 0,
+              "fill_padded_beside: give the fill and training streams and a created copy event");
+  const c10::cuda::CUDAGuard guard(x_buf.device());
+  const auto fs = reinterpret_cast<cudaStream_t>(fill_stream);
+  const auto done = reinterpret_cast<cudaEvent_t>(copied);
+  for (const int64_t e : waits)
+    if (e != 0) C10_CUDA_CHECK(cudaStreamWaitEvent(fs, reinterpret_cast<cudaEvent_t>(e), 0));
+  std::tuple<double, double> spent;
+  {
+    const c10::cuda::CUDAStreamGuard on_fill(c10::cuda::getStreamFromExternal(fs, x_buf.device().index()));
+    spent = fill_padded(x_buf, x, edges, block_edges, ramps, pad_src, block_dsts, dst_caps, y_buf, y, true);
+  }
+  C10_CUDA_CHECK(cudaEventRecord(done, fs));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(train_stream), done, 0));
+  return spent;
+}
+
 } // namespace torch_direct::aggregate

@@ -16,6 +16,7 @@ PYBIND11_MODULE(_aggregate, m) {
   m.def("fill_padded", &agg::fill_padded, no_gil());
   m.def("tally_step", &agg::tally_step, no_gil());
 #ifdef TORCH_DIRECT_WITH_CUDA
+  m.def("fill_padded_beside", &agg::fill_padded_beside, no_gil());
   m.def("relu_dropout_forward", &agg::relu_dropout_forward, no_gil());
   m.def("relu_dropout_backward", &agg::relu_dropout_backward, no_gil());
   m.attr("has_cuda") = true;

@@ -39,6 +39,17 @@ void fill_padded_cuda(at::Tensor& x_buf, const at::Tensor& x, const std::vector<
                       const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
                       const std::vector<at::Tensor>& pad_src, const std::vector<int64_t>& block_dsts,
                       const std::vector<int64_t>& dst_caps, at::Tensor& y_buf, const at::Tensor& y);
+// A graphed step's copy with two sets of buffers, in one call: the fill stream waits for each
+// event of waits (raw cudaEvent_t handles; 0, an event never recorded, is skipped), fill_padded
+// runs there, copied (a created event) is recorded after it and the training stream waits for
+// that. Streams as raw cudaStream_t handles. Returns fill_padded's own seconds.
+std::tuple<double, double> fill_padded_beside(int64_t fill_stream, int64_t train_stream, const std::vector<int64_t>& waits,
+                                              int64_t copied, at::Tensor x_buf, const at::Tensor& x,
+                                              const std::vector<at::Tensor>& edges,
+                                              const std::vector<at::Tensor>& block_edges,
+                                              const std::vector<at::Tensor>& ramps, const std::vector<at::Tensor>& pad_src,
+                                              const std::vector<int64_t>& block_dsts,
+                                              const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y);
 #endif
 
 // loss_sum += loss * batch_size; correct += how many labelled entries of y (y >= 0) have their

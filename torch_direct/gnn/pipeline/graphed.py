@@ -34,13 +34,14 @@ The copy waits for the batch's own ``ready`` event (set by the pipelined loader;
 for the training stream's work so far) and for the last replay that read that set.
 
 The copy into the buffers is one call into C++ that runs without the GIL (``_aggregate.
-fill_padded``), so the training loop takes the GIL once for it instead of once an op while the
-loader's Python threads want it too. On a GPU that call is a memcpy of the features, a memset of
-their padding and one kernel for every block's edges and the labels: three launches where the
-ATen ops were a few a block, since the loop's time from a batch's arrival to its replay's launch
-is time a training stream that waited for the batch stands idle. The experimental setting
-``step_host=aten`` issues the ATen ops from that call instead, and ``step_host=python`` one
-Python call an op, for comparison.
+fill_padded``, ``padded.py``), so the training loop takes the GIL once for it instead of once
+an op while the loader's Python threads want it too. On a GPU that call is a memcpy of the
+features, a memset of their padding and one kernel for every block's edges and the labels, and
+with two sets it holds the fill stream's waits and the training stream's wait for the copy too:
+the loop's time from a batch's arrival to its replay's launch is time a training stream that
+waited for the batch stands idle. The experimental setting ``step_host=aten`` keeps the waits in
+Python and issues ATen ops from the call, and ``step_host=python`` one Python call an op, for
+comparison.
 """
 
 from __future__ import annotations
@@ -51,10 +52,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-import torch_direct
-
 from . import _aggregate
 from .evaluation import correct_count
+from .padded import PaddedBatch, batch_sizes, step_host  # noqa: F401  (PaddedBatch, batch_sizes: graphed's too)
 
 
 # The parts of a replayed step's host side that GraphedStep times: checking the batch against the
@@ -62,13 +62,6 @@ from .evaluation import correct_count
 # stream), the replay's launch, and (two sets) the event after it; and, within the fill, the copy
 # call's own time as it measures it without the GIL (``fill_inside``: the fused copy only).
 HOST_PARTS = ("fits", "fill", "fill_inside", "replay", "record")
-
-
-def step_host() -> str:
-    """The experimental setting ``step_host``: ``fused`` (default: a step's host-side copies and
-    tally in one C++ call each, without the GIL; on a GPU the copy's edges and labels in one
-    kernel), ``aten`` (the same calls, the copy as ATen ops) or ``python`` (one Python call an op)."""
-    return torch_direct.experimental_setting("step_host", choices=("fused", "aten", "python"), default="fused")
 
 
 AUTO_MARGIN_FLOOR, AUTO_MARGIN_CAP, AUTO_MARGIN_SPREADS = 0.02, 0.1, 4.0
@@ -91,68 +84,6 @@ def auto_margins(seen) -> list[list[float]]:
             block.append(min(AUTO_MARGIN_CAP, max(AUTO_MARGIN_FLOOR, AUTO_MARGIN_SPREADS * spread)))
         margins.append(block)
     return margins
-
-
-def batch_sizes(b) -> tuple[tuple[int, int, int], ...]:
-    """``(n_src, n_dst, edges)`` of each block of batch ``b``, in model order."""
-    return tuple((int(size[0]), int(size[1]), int(ei.shape[1])) for ei, _, size in b.adjs)
-
-
-class PaddedBatch:
-    """Static buffers holding one batch at a time, padded to ``caps`` (``(n_src, n_dst, edges)``
-    per block, as :func:`batch_sizes`) and ``seeds`` labels, on ``device``."""
-
-    def __init__(self, caps, seeds: int, num_features: int, x_dtype, index_dtype, device):
-        caps = tuple(tuple(int(v) for v in c) for c in caps)
-        for i in range(len(caps) - 1):
-            if caps[i][1] != caps[i + 1][0]:
-                raise ValueError(f"PaddedBatch: block {i} has {caps[i][1]} targets but block {i + 1} "
-                                 f"{caps[i + 1][0]} sources")
-        if caps[-1][1] != seeds:
-            raise ValueError(f"PaddedBatch: the last block has {caps[-1][1]} targets for {seeds} labels")
-        self.caps, self.seeds = caps, seeds
-        self.x = torch.zeros(caps[0][0], num_features, dtype=x_dtype, device=device)
-        # padding edge j: source j mod n_src; targets counted down from the last row (see fill)
-        self.ramps = [torch.arange(c[2], dtype=index_dtype, device=device) for c in caps]
-        self.pad_src = [r % c[0] for r, c in zip(self.ramps, caps)]
-        self.edges = [torch.stack([p, torch.full_like(p, c[1] - 1)]) for p, c in zip(self.pad_src, caps)]
-        self.y = torch.full((seeds,), -1, dtype=torch.long, device=device)
-        self.adjs = [(e, None, (c[0], c[1])) for e, c in zip(self.edges, caps)]
-        host = step_host()   # read once: fill runs every step
-        self.fused, self.kernel = host != "python", host == "fused"
-
-    def fits(self, b):
-        """Batch ``b``'s sizes (as :func:`batch_sizes`) where it fits, each size within its capacity
-        with a padding target row left; else None."""
-        sizes = batch_sizes(b)
-        if len(sizes) != len(self.caps) or b.x.shape[0] != sizes[0][0] or b.x.shape[1] != self.x.shape[1]:
-            return None
-        return sizes if all(s[0] <= c[0] and s[1] < c[1] and s[2] <= c[2] for s, c in zip(sizes, self.caps)) else None
-
-    def fill(self, b):
-        """Copy batch ``b`` (which :meth:`fits`) into the buffers, its padding reset. Fused, returns
-        the copy call's own (wall, CPU) seconds, timed inside it; else None."""
-        if self.fused:
-            return _aggregate.fill_padded(self.x, b.x, self.edges, [ei for ei, _, _ in b.adjs], self.ramps,
-                                          self.pad_src, [int(size[1]) for _, _, size in b.adjs],
-                                          [c[1] for c in self.caps], self.y, b.y, self.kernel)
-        n = b.x.shape[0]
-        self.x[:n].copy_(b.x)
-        self.x[n:].zero_()
-        for (ei, _, size), e, c, r, p in zip(b.adjs, self.edges, self.caps, self.ramps, self.pad_src):
-            k = ei.shape[1]
-            e[:, :k].copy_(ei)
-            e[0, k:].copy_(p[k:])
-            # over the padding target rows size[1] .. c[1] - 1, from the last one down, in runs of
-            # at most ceil(padding / rows) edges: grouped by target as the sampler's own edges
-            # are, which the fused mean aggregation sums a run at a time
-            t = e[1, k:]
-            per_row = max(1, -(-(c[2] - k) // (c[1] - int(size[1]))))
-            torch.sub(r[k:], k, out=t)
-            t.div_(per_row, rounding_mode="floor").neg_().add_(c[1] - 1)
-        self.y[:b.batch_size].copy_(b.y)
-        self.y[b.batch_size:].fill_(-1)
-        return None
 
 
 class StepTally:
@@ -337,6 +268,9 @@ class GraphedStep:
             self._fill_stream = torch.cuda.Stream(b.x.device, priority=torch.cuda.current_stream(b.x.device).priority)
             # recorded again at each replay; waiting on one not yet recorded waits for nothing
             self._released = [torch.cuda.Event() for _ in bufs]
+            self._copied = [torch.cuda.Event() for _ in bufs]   # each set's copy done (the one-call path)
+            for ev in self._copied:
+                ev.record(self._fill_stream)   # created now: the one call records it by its handle
 
     def _add(self, name: str, wall_cpu) -> None:
         """Add (wall, CPU) seconds to part ``name`` (nothing for None: an untimed copy)."""
@@ -355,17 +289,20 @@ class GraphedStep:
         """Copy batch ``b`` into set ``k`` on the fill stream, and make the training stream wait
         for the copy (not for anything before it). Returns what :meth:`PaddedBatch.fill` does."""
         cur = torch.cuda.current_stream(b.x.device)
-        fs = self._fill_stream
+        fs, buf = self._fill_stream, self.bufs[k]
         ready = getattr(b, "ready", None)
-        if ready is not None:
+        if ready is None:   # no event of its own: the batch is whatever the training stream did so far
+            ready = cur.record_event()
+        if buf.kernel:   # the waits, the copy and the training stream's wait for it in one call
+            t = self.timer.start(cur) if self.timer is not None else None
+            inside = buf.fill_beside(b, fs, cur, (ready, self._released[k]), self._copied[k])
+        else:
             fs.wait_event(ready)
-        else:   # no event of its own: the batch is whatever the training stream did so far
-            fs.wait_stream(cur)
-        fs.wait_event(self._released[k])
-        with torch.cuda.stream(fs):
-            inside = self.bufs[k].fill(b)
-        t = self.timer.start(cur) if self.timer is not None else None
-        cur.wait_stream(fs)
+            fs.wait_event(self._released[k])
+            with torch.cuda.stream(fs):
+                inside = buf.fill(b)
+            t = self.timer.start(cur) if self.timer is not None else None
+            cur.wait_stream(fs)
         if t is not None:
             self.timer.stop("copy_wait", t, cur)
         return inside
