@@ -134,6 +134,7 @@ class TestPadding(_Tiny):
                             with torch_direct.experimental(step_host=host):
                                 buf = self.padded(cast(big), edge_extra=23, index_dtype=buf_dtype)
                             self.assertEqual((buf.fused, buf.kernel), (host != "python", host == "fused"))
+                            self.assertFalse(buf.waits_in_call)
                             buf.fill(cast(big))
                             timed = buf.fill(cast(small))
                             if host != "python":   # the call's own wall and CPU seconds, timed inside it
@@ -221,7 +222,7 @@ class TestStepTally(TestCase):
         self.assertEqual(float(t.loss), 0.0)
 
     def test_a_bad_setting_is_refused(self):
-        with torch_direct.experimental(step_host="cpp"), self.assertRaisesRegex(ValueError, "step_host must be fused, aten or python, not 'cpp'"):
+        with torch_direct.experimental(step_host="cpp"), self.assertRaisesRegex(ValueError, "step_host must be fused, fused_waits, aten or python, not 'cpp'"):
             StepTally("cpu")
 
 
@@ -306,8 +307,11 @@ class TestGraphedStep(_Tiny):
         batches = self.batches(12, device="cuda")
         self.assertTrue(all(isinstance(b.ready, torch.cuda.Event) for b in batches))
         runs = {}
-        # (two sets: by default the waits and the copy in one C++ call; aten: the waits from Python)
-        for buffers, events, host in ((1, True, "fused"), (2, True, "fused"), (2, True, "aten"), (2, False, "fused")):
+        # (two sets: the copy's kernel and the waits from Python by default, the waits in the copy's
+        # call with fused_waits, the ATen ops with aten)
+        hosts = ((1, True, "fused"), (2, True, "fused"), (2, True, "fused_waits"), (2, True, "aten"),
+                 (2, False, "fused"), (2, False, "fused_waits"))
+        for buffers, events, host in hosts:
             if not events:
                 for b in batches:
                     b.ready = None
@@ -319,7 +323,8 @@ class TestGraphedStep(_Tiny):
             step.timer = Timer(True)
             with torch_direct.experimental(step_host=host):
                 runs[buffers, events, host] = [float(step(b)[0]) for b in batches]
-            self.assertEqual(step.bufs[0].kernel, host == "fused")
+            self.assertEqual((step.bufs[0].kernel, step.bufs[0].waits_in_call),
+                             (host != "aten", host == "fused_waits"))
             st = step.stats()
             # with two sets, each replay times the training stream's wait for its batch's copy
             waits = [e for e in step.timer.events if e[0] == "copy_wait"]
@@ -341,7 +346,7 @@ class TestGraphedStep(_Tiny):
             for part, t in st["host_parts"].items():
                 self.assertEqual(t["wall_s"] > 0, part in timed, part)
                 self.assertGreaterEqual(t["cpu_s"], 0.0)
-        for key in ((2, True, "fused"), (2, True, "aten"), (2, False, "fused")):
+        for key in hosts[1:]:
             self.assertEqual(runs[key], runs[1, True, "fused"], atol=1e-4, rtol=1e-4, msg=str(key))  # atomics: sums in any order
 
 

@@ -394,7 +394,7 @@ class TestTrain(TestCase):
                        ({"hybrid_copies": "async"}, "hybrid_copies must be wait or ordered, not 'async'"),
                        ({"hybrid_piece_kb": "1"}, "hybrid_piece_kb must be an integer >= 16, not '1'"),
                        ({"gather_turns": "skip"}, "gather_turns must be wait or deposit, not 'skip'"),
-                       ({"step_host": "cpp"}, "step_host must be fused, aten or python, not 'cpp'"),
+                       ({"step_host": "cpp"}, "step_host must be fused, fused_waits, aten or python, not 'cpp'"),
                        ({"store_index_bounds": "trusted"}, "store_index_bounds must be checked or known, not 'trusted'")]
             if not torch_direct.cuda_available():
                 refused.append(({"feature_pages": "driver"}, "feature_pages=driver needs a CUDA GPU"))

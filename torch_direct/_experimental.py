@@ -59,11 +59,11 @@ SETTINGS = {
                           "they make themselves (the cache's slots, the hybrid gather's reordering), which spares "
                           "the CUDA gather its pass over them and its wait for the stream; checked = gather checks "
                           "them as any index (default: known)",
-    "step_host": "fused | aten | python: python = the graphed step's copy of each batch into its padded buffers "
-                 "and the training loop's loss and accuracy tally issue their ATen ops one Python call at a time; "
-                 "aten = one C++ call each, without the GIL, issuing the ATen ops, with two sets of buffers the "
-                 "copy's stream waits issued from Python (default: fused: on a GPU the copy a memcpy, a memset "
-                 "and one kernel, with two sets the waits in the same call)",
+    "step_host": "fused | fused_waits | aten | python: python = the graphed step's copy of each batch into its "
+                 "padded buffers and the training loop's loss and accuracy tally issue their ATen ops one Python "
+                 "call at a time; aten = one C++ call each, without the GIL, issuing the ATen ops; fused_waits = "
+                 "as fused, and with two sets of buffers the copy's stream waits in the copy's call (default: "
+                 "fused: on a GPU the copy a memcpy, a memset and one kernel)",
     "hybrid_copies": "wait | ordered: ordered = a hybrid gather (gather with cpu_threads) returns once its CPU rows' "
                      "copies to the GPU are queued, the current stream ordered after them and their pinned "
                      "staging kept until they are done, instead of waiting for them (default: wait)",

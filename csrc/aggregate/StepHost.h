@@ -42,7 +42,8 @@ void fill_padded_cuda(at::Tensor& x_buf, const at::Tensor& x, const std::vector<
 // A graphed step's copy with two sets of buffers, in one call: the fill stream waits for each
 // event of waits (raw cudaEvent_t handles; 0, an event never recorded, is skipped), fill_padded
 // runs there, copied (a created event) is recorded after it and the training stream waits for
-// that. Streams as raw cudaStream_t handles. Returns fill_padded's own seconds.
+// that. Streams as raw cudaStream_t handles (0: the default stream). Returns fill_padded's own
+// seconds.
 std::tuple<double, double> fill_padded_beside(int64_t fill_stream, int64_t train_stream, const std::vector<int64_t>& waits,
                                               int64_t copied, at::Tensor x_buf, const at::Tensor& x,
                                               const std::vector<at::Tensor>& edges,

@@ -36,12 +36,11 @@ for the training stream's work so far) and for the last replay that read that se
 The copy into the buffers is one call into C++ that runs without the GIL (``_aggregate.
 fill_padded``, ``padded.py``), so the training loop takes the GIL once for it instead of once
 an op while the loader's Python threads want it too. On a GPU that call is a memcpy of the
-features, a memset of their padding and one kernel for every block's edges and the labels, and
-with two sets it holds the fill stream's waits and the training stream's wait for the copy too:
-the loop's time from a batch's arrival to its replay's launch is time a training stream that
-waited for the batch stands idle. The experimental setting ``step_host=aten`` keeps the waits in
-Python and issues ATen ops from the call, and ``step_host=python`` one Python call an op, for
-comparison.
+features, a memset of their padding and one kernel for every block's edges and the labels: the
+loop's time from a batch's arrival to its replay's launch is time a training stream that waited
+for the batch stands idle. The experimental setting ``step_host=fused_waits`` also issues, with
+two sets, the fill stream's waits and the training stream's wait for the copy from that call;
+``step_host=aten`` issues ATen ops from it, and ``step_host=python`` one Python call an op.
 """
 
 from __future__ import annotations
@@ -293,7 +292,7 @@ class GraphedStep:
         ready = getattr(b, "ready", None)
         if ready is None:   # no event of its own: the batch is whatever the training stream did so far
             ready = cur.record_event()
-        if buf.kernel:   # the waits, the copy and the training stream's wait for it in one call
+        if buf.waits_in_call:   # the waits, the copy and the training stream's wait for it in one call
             t = self.timer.start(cur) if self.timer is not None else None
             inside = buf.fill_beside(b, fs, cur, (ready, self._released[k]), self._copied[k])
         else:

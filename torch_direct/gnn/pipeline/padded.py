@@ -3,9 +3,9 @@ buffers of fixed capacities, padded as ``graphed.py`` explains, and copies each 
 
 The copy is one call into C++ without the GIL (``_aggregate.fill_padded``); on a GPU it is a
 memcpy of the features, a memset of their padding and one kernel for every block's edges and the
-labels, and with two sets of buffers (:meth:`PaddedBatch.fill_beside`) the fill stream's waits
-and the training stream's wait for the copy are in that call too. The experimental setting
-``step_host`` picks the form (:func:`step_host`).
+labels. Under the experimental ``step_host=fused_waits``, with two sets of buffers
+(:meth:`PaddedBatch.fill_beside`) the fill stream's waits and the training stream's wait for the
+copy are in that call too. The setting ``step_host`` picks the form (:func:`step_host`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,15 @@ import torch_direct
 from . import _aggregate
 
 
+STEP_HOSTS = ("fused", "fused_waits", "aten", "python")
+
+
 def step_host() -> str:
     """The experimental setting ``step_host``: ``fused`` (default: a step's host-side copies and
     tally in one C++ call each, without the GIL; on a GPU the copy's edges and labels in one
-    kernel), ``aten`` (the same calls, the copy as ATen ops) or ``python`` (one Python call an op)."""
-    return torch_direct.experimental_setting("step_host", choices=("fused", "aten", "python"), default="fused")
+    kernel), ``fused_waits`` (the same, and with two sets of buffers the copy's stream waits in
+    its call), ``aten`` (the same calls, the copy as ATen ops) or ``python`` (one Python call an op)."""
+    return torch_direct.experimental_setting("step_host", choices=STEP_HOSTS, default="fused")
 
 
 def batch_sizes(b) -> tuple[tuple[int, int, int], ...]:
@@ -50,7 +54,8 @@ class PaddedBatch:
         self.y = torch.full((seeds,), -1, dtype=torch.long, device=device)
         self.adjs = [(e, None, (c[0], c[1])) for e, c in zip(self.edges, caps)]
         host = step_host()   # read once: fill runs every step
-        self.fused, self.kernel = host != "python", host == "fused"
+        self.fused, self.kernel = host != "python", host in ("fused", "fused_waits")
+        self.waits_in_call = host == "fused_waits"
 
     def fits(self, b):
         """Batch ``b``'s sizes (as :func:`batch_sizes`) where it fits, each size within its capacity
