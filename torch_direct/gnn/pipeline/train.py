@@ -122,8 +122,8 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
     GIL or a core where the wall time exceeds the CPU time), the steps handed to a CUDA stream
     that had run dry (whose time includes the host's launch of them) and the loop's wall time in
     them, the steps' stream time waiting for their batches' copies into a graphed step's buffers
-    (two sets: ``step.timer``; None otherwise), the seconds this thread waited for a core over the epoch (None where the kernel does
-    not say), the process's CPU seconds over the epoch (every thread's, the loader's and the
+    (two sets: ``step.timer``; None otherwise), the seconds this thread waited for a core over
+    the epoch (None where the kernel does not say), the process's CPU seconds over the epoch (every thread's, the loader's and the
     gathers' pools included), the summed loss and the correct and seen counts, as floats."""
     step_model.train()
     steps = Timer(device.type == "cuda")
@@ -168,7 +168,8 @@ def train_epoch(step_model, opt, loader, device, show: bool, desc: str, profiler
         graphed.timer = None
     times = steps.totals()
     return {"total": total, "step": times.get("step", 0.0), "copy_wait": times.get("copy_wait"),
-            "step_host": steps.host_seconds.get("step", 0.0), "step_cpu": cpu, "dry_steps": dry, "dry_step_host": dry_host,
+            "step_host": steps.host_seconds.get("step", 0.0), "step_cpu": cpu,
+            "dry_steps": dry, "dry_step_host": dry_host,
             "run_delay": steps.threads()["loop"]["run_delay_s"], "process_cpu": process_cpu,
             "gil_ms": gil.mean_ms(),
             "loss": float(tally.loss), "correct": float(tally.correct), "seen": float(seen)}
