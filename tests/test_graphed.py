@@ -164,18 +164,16 @@ class TestPadding(_Tiny):
         buf.fill(small)
         before = [buf.x.clone(), buf.y.clone()] + [e.clone() for e in buf.edges]
         self.assertFalse(buf.fits(big))
-        with self.assertRaisesRegex(RuntimeError, "fill_padded: .*do not fit"):
+        with self.assertRaisesRegex(RuntimeError, "PaddedBuffers.fill: .*do not fit"):
             buf.fill(big)
         # a block whose targets leave no padding row, after blocks that would fit
         adjs = [(ei, eid, size) for ei, eid, size in small.adjs]
         ei, eid, size = adjs[-1]
         with self.assertRaisesRegex(RuntimeError, "leaves no padding row"):
-            _aggregate.fill_padded(buf.x, small.x, buf.edges, [a[0] for a in adjs], buf.ramps, buf.pad_src,
-                                   [int(a[2][1]) for a in adjs[:-1]] + [buf.caps[-1][1]],
-                                   [c[1] for c in buf.caps], buf.y, small.y, True)
+            buf.native.fill(small.x, [a[0] for a in adjs], [int(a[2][1]) for a in adjs[:-1]] + [buf.caps[-1][1]],
+                            small.y, True)
         with self.assertRaisesRegex(RuntimeError, "one entry per block"):
-            _aggregate.fill_padded(buf.x, small.x, buf.edges, [a[0] for a in adjs[:-1]], buf.ramps, buf.pad_src,
-                                   [1] * len(adjs), [c[1] for c in buf.caps], buf.y, small.y, True)
+            buf.native.fill(small.x, [a[0] for a in adjs[:-1]], [1] * len(adjs), small.y, True)
         after = [buf.x, buf.y] + list(buf.edges)
         for a, b in zip(after, before):
             self.assertEqual(a, b, atol=0, rtol=0)
@@ -186,6 +184,23 @@ class TestPadding(_Tiny):
     @requires_gpu
     def test_fused_fill_refuses_a_batch_that_does_not_fit_before_writing_on_the_gpu(self):
         self.check_refusal_writes_nothing("cuda")
+
+    def test_the_native_buffers_refuse_inconsistent_buffers(self):
+        x, y = torch.zeros(10, 4), torch.full((3,), -1)
+        ramp = torch.arange(6)
+        edges = torch.zeros(2, 6, dtype=torch.long)
+        native = _aggregate.PaddedBuffers(x, [edges], [ramp], [ramp % 10], [3], y)   # consistent: taken
+        self.assertIsNotNone(native)
+        with self.assertRaisesRegex(RuntimeError, "PaddedBuffers: one entry per block in each list"):
+            _aggregate.PaddedBuffers(x, [edges, edges], [ramp], [ramp % 10], [3], y)
+        with self.assertRaisesRegex(RuntimeError, r"block 0's edge buffer must be \[2, capacity\]"):
+            _aggregate.PaddedBuffers(x, [torch.zeros(3, 6, dtype=torch.long)], [ramp], [ramp % 10], [3], y)
+        with self.assertRaisesRegex(RuntimeError, "must have the buffer's 6 entries"):
+            _aggregate.PaddedBuffers(x, [edges], [ramp[:5]], [ramp % 10], [3], y)
+        with self.assertRaisesRegex(RuntimeError, "target capacity must be positive"):
+            _aggregate.PaddedBuffers(x, [edges], [ramp], [ramp % 10], [0], y)
+        with self.assertRaisesRegex(RuntimeError, "feature buffer must be 2-D"):
+            _aggregate.PaddedBuffers(x[0], [edges], [ramp], [ramp % 10], [3], y)
 
     def test_mismatched_capacities_are_refused(self):
         with self.assertRaisesRegex(ValueError, "targets but block 1"):

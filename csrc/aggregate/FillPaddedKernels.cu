@@ -71,96 +71,101 @@ __global__ void fill_index_kernel(FillArgs<Out, In> a) {
 }
 
 template <typename Out, typename In>
-void launch(const std::vector<at::Tensor>& edges, const std::vector<at::Tensor>& block_edges,
-            const std::vector<at::Tensor>& ramps, const std::vector<at::Tensor>& pad_src,
-            const std::vector<int64_t>& block_dsts, const std::vector<int64_t>& dst_caps, at::Tensor& y_buf,
-            const at::Tensor& y, cudaStream_t stream) {
-  FillArgs<Out, In> a{};
-  a.nblocks = static_cast<int>(edges.size());
-  int64_t end = 0;
-  for (int b = 0; b < a.nblocks; ++b) {
-    const int64_t cap = edges[b].size(1), k = block_edges[b].size(1);
-    const int64_t rows = dst_caps[b] - block_dsts[b];
-    a.blocks[b] = {edges[b].data_ptr<Out>(), block_edges[b].data_ptr<In>(), ramps[b].data_ptr<Out>(),
-                   pad_src[b].data_ptr<Out>(), block_edges[b].stride(0), block_edges[b].stride(1), k, cap,
-                   std::max<int64_t>(1, (cap - k + rows - 1) / rows), dst_caps[b] - 1};
-    end += 2 * cap;
-    a.ends[b] = end;
-  }
-  a.y_out = y_buf.data_ptr<int64_t>();
-  a.y_in = y.data_ptr<int64_t>();
-  a.y_n = y.size(0);
-  a.y_cap = y_buf.size(0);
-  const int64_t total = end + a.y_cap;
+void launch(const FillArgs<Out, In>& a, cudaStream_t stream) {
+  const int64_t total = a.ends[a.nblocks - 1] + a.y_cap;
   const int64_t grid = std::min<int64_t>((total + kThreads - 1) / kThreads, 4096);
   fill_index_kernel<Out, In><<<static_cast<unsigned>(std::max<int64_t>(grid, 1)), kThreads, 0, stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+bool is_index(at::ScalarType t) { return t == at::kInt || t == at::kLong; }
+
 } // namespace
 
-bool fill_padded_cuda_applies(const at::Tensor& x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
-                              const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
-                              const std::vector<at::Tensor>& pad_src, const at::Tensor& y_buf, const at::Tensor& y) {
-  if (edges.empty() || edges.size() > static_cast<size_t>(kMaxFillBlocks) || !x_buf.is_cuda() ||
-      x.device() != x_buf.device() || x.scalar_type() != x_buf.scalar_type() || !x.is_contiguous() ||
-      !x_buf.is_contiguous() || y.scalar_type() != at::kLong || y_buf.scalar_type() != at::kLong ||
-      y.device() != x_buf.device() || y_buf.device() != x_buf.device() || !y.is_contiguous() ||
-      !y_buf.is_contiguous())
+bool PaddedBuffers::buffers_take_kernel() const {
+  if (edges_.size() > static_cast<size_t>(kMaxFillBlocks) || !x_buf_.is_cuda() || !x_buf_.is_contiguous() ||
+      y_buf_.scalar_type() != at::kLong || y_buf_.device() != x_buf_.device() || !y_buf_.is_contiguous())
     return false;
-  const auto out_t = edges[0].scalar_type(), in_t = block_edges[0].scalar_type();
-  if ((out_t != at::kInt && out_t != at::kLong) || (in_t != at::kInt && in_t != at::kLong)) return false;
-  for (size_t i = 0; i < edges.size(); ++i) {
-    for (const at::Tensor* t : {&edges[i], &ramps[i], &pad_src[i]})
-      if (t->scalar_type() != out_t || t->device() != x_buf.device() || !t->is_contiguous()) return false;
-    if (block_edges[i].scalar_type() != in_t || block_edges[i].device() != x_buf.device()) return false;
-  }
+  const auto out_t = edges_[0].scalar_type();
+  if (!is_index(out_t)) return false;
+  for (size_t i = 0; i < edges_.size(); ++i)
+    for (const at::Tensor* t : {&edges_[i], &ramps_[i], &pad_src_[i]})
+      if (t->scalar_type() != out_t || t->device() != x_buf_.device() || !t->is_contiguous()) return false;
   return true;
 }
 
-void fill_padded_cuda(at::Tensor& x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
-                      const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
-                      const std::vector<at::Tensor>& pad_src, const std::vector<int64_t>& block_dsts,
-                      const std::vector<int64_t>& dst_caps, at::Tensor& y_buf, const at::Tensor& y) {
-  const c10::cuda::CUDAGuard guard(x_buf.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x_buf.device().index()).stream();
-  const int64_t row_bytes = x_buf.size(1) * static_cast<int64_t>(x_buf.element_size());
-  const int64_t n = x.size(0);
-  auto* dst = static_cast<char*>(x_buf.data_ptr());
-  if (n > 0)
-    C10_CUDA_CHECK(cudaMemcpyAsync(dst, x.data_ptr(), n * row_bytes, cudaMemcpyDeviceToDevice, stream));
-  if (x_buf.size(0) > n)
-    C10_CUDA_CHECK(cudaMemsetAsync(dst + n * row_bytes, 0, (x_buf.size(0) - n) * row_bytes, stream));
-  const bool out32 = edges[0].scalar_type() == at::kInt, in32 = block_edges[0].scalar_type() == at::kInt;
-  if (out32 && in32)
-    launch<int32_t, int32_t>(edges, block_edges, ramps, pad_src, block_dsts, dst_caps, y_buf, y, stream);
-  else if (out32)
-    launch<int32_t, int64_t>(edges, block_edges, ramps, pad_src, block_dsts, dst_caps, y_buf, y, stream);
-  else if (in32)
-    launch<int64_t, int32_t>(edges, block_edges, ramps, pad_src, block_dsts, dst_caps, y_buf, y, stream);
-  else
-    launch<int64_t, int64_t>(edges, block_edges, ramps, pad_src, block_dsts, dst_caps, y_buf, y, stream);
+bool PaddedBuffers::kernel_takes(const at::Tensor& x, const std::vector<at::Tensor>& block_edges,
+                                 const at::Tensor& y) const {
+  if (!buffers_take_kernel_ || x.device() != x_buf_.device() || x.scalar_type() != x_buf_.scalar_type() ||
+      !x.is_contiguous() || y.scalar_type() != at::kLong || y.device() != x_buf_.device() || !y.is_contiguous())
+    return false;
+  const auto in_t = block_edges[0].scalar_type();
+  if (!is_index(in_t)) return false;
+  for (const at::Tensor& ei : block_edges)
+    if (ei.scalar_type() != in_t || ei.device() != x_buf_.device()) return false;
+  return true;
 }
 
-std::tuple<double, double> fill_padded_beside(int64_t fill_stream, int64_t train_stream, const std::vector<int64_t>& waits,
-                                              int64_t copied, at::Tensor x_buf, const at::Tensor& x,
-                                              const std::vector<at::Tensor>& edges,
-                                              const std::vector<at::Tensor>& block_edges,
-                                              const std::vector<at::Tensor>& ramps, const std::vector<at::Tensor>& pad_src,
-                                              const std::vector<int64_t>& block_dsts,
-                                              const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y) {
-  TORCH_CHECK(x_buf.is_cuda(), "fill_padded_beside: the buffers must be on a CUDA device, not ", x_buf.device());
+void PaddedBuffers::fill_cuda(const at::Tensor& x, const std::vector<at::Tensor>& block_edges,
+                              const std::vector<int64_t>& block_dsts, const at::Tensor& y) {
+  const c10::cuda::CUDAGuard guard(x_buf_.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x_buf_.device().index()).stream();
+  const int64_t row_bytes = x_buf_.size(1) * static_cast<int64_t>(x_buf_.element_size());
+  const int64_t n = x.size(0);
+  auto* dst = static_cast<char*>(x_buf_.data_ptr());
+  if (n > 0)
+    C10_CUDA_CHECK(cudaMemcpyAsync(dst, x.const_data_ptr(), n * row_bytes, cudaMemcpyDeviceToDevice, stream));
+  if (x_buf_.size(0) > n)
+    C10_CUDA_CHECK(cudaMemsetAsync(dst + n * row_bytes, 0, (x_buf_.size(0) - n) * row_bytes, stream));
+  const bool out32 = edges_[0].scalar_type() == at::kInt, in32 = block_edges[0].scalar_type() == at::kInt;
+  const auto go = [&](auto out_tag, auto in_tag) {
+    using Out = decltype(out_tag);
+    using In = decltype(in_tag);
+    FillArgs<Out, In> a{};
+    a.nblocks = static_cast<int>(edges_.size());
+    int64_t end = 0;
+    for (int b = 0; b < a.nblocks; ++b) {
+      const at::Tensor& ei = block_edges[b];
+      const int64_t cap = edges_[b].size(1), k = ei.size(1);
+      const int64_t rows = dst_caps_[b] - block_dsts[b];
+      a.blocks[b] = {edges_[b].data_ptr<Out>(), ei.const_data_ptr<In>(), ramps_[b].const_data_ptr<Out>(),
+                     pad_src_[b].const_data_ptr<Out>(), ei.stride(0), ei.stride(1), k, cap,
+                     std::max<int64_t>(1, (cap - k + rows - 1) / rows), dst_caps_[b] - 1};
+      end += 2 * cap;
+      a.ends[b] = end;
+    }
+    a.y_out = y_buf_.data_ptr<int64_t>();
+    a.y_in = y.const_data_ptr<int64_t>();
+    a.y_n = y.size(0);
+    a.y_cap = y_buf_.size(0);
+    launch(a, stream);
+  };
+  if (out32 && in32)
+    go(int32_t{}, int32_t{});
+  else if (out32)
+    go(int32_t{}, int64_t{});
+  else if (in32)
+    go(int64_t{}, int32_t{});
+  else
+    go(int64_t{}, int64_t{});
+}
+
+std::tuple<double, double> PaddedBuffers::fill_beside(int64_t fill_stream, int64_t train_stream,
+                                                      const std::vector<int64_t>& waits, int64_t copied,
+                                                      const at::Tensor& x, const std::vector<at::Tensor>& block_edges,
+                                                      const std::vector<int64_t>& block_dsts, const at::Tensor& y) {
+  TORCH_CHECK(x_buf_.is_cuda(), "PaddedBuffers.fill_beside: the buffers must be on a CUDA device, not ", x_buf_.device());
   // a stream handle of 0 is the device's default stream, which a training loop may run on
-  TORCH_CHECK(copied != 0, "fill_padded_beside: the copy's event must be created (recorded once) first");
-  const c10::cuda::CUDAGuard guard(x_buf.device());
+  TORCH_CHECK(copied != 0, "PaddedBuffers.fill_beside: the copy's event must be created (recorded once) first");
+  const c10::cuda::CUDAGuard guard(x_buf_.device());
   const auto fs = reinterpret_cast<cudaStream_t>(fill_stream);
   const auto done = reinterpret_cast<cudaEvent_t>(copied);
   for (const int64_t e : waits)
     if (e != 0) C10_CUDA_CHECK(cudaStreamWaitEvent(fs, reinterpret_cast<cudaEvent_t>(e), 0));
   std::tuple<double, double> spent;
   {
-    const c10::cuda::CUDAStreamGuard on_fill(c10::cuda::getStreamFromExternal(fs, x_buf.device().index()));
-    spent = fill_padded(x_buf, x, edges, block_edges, ramps, pad_src, block_dsts, dst_caps, y_buf, y, true);
+    const c10::cuda::CUDAStreamGuard on_fill(c10::cuda::getStreamFromExternal(fs, x_buf_.device().index()));
+    spent = fill(x, block_edges, block_dsts, y, true);
   }
   C10_CUDA_CHECK(cudaEventRecord(done, fs));
   C10_CUDA_CHECK(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(train_stream), done, 0));

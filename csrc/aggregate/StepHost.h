@@ -12,45 +12,60 @@
 
 namespace torch_direct::aggregate {
 
-// Copies x into x_buf's first rows (the rest zeroed), each block's edges into edges[i]'s first
-// columns (padding edges after them: sources pad_src[i][k:], targets counted down from row
-// dst_caps[i] - 1, grouped by target) and y into y_buf's first entries (the rest -1).
-// block_edges[i] is block i's [2, k] edge index, block_dsts[i] its target count; ramps[i] is
-// arange over edges[i]'s columns. A batch that does not fit is refused before anything is written.
-// With kernel (and CUDA tensors of the shapes a PaddedBatch keeps: contiguous buffers, the
-// features' dtype the buffer's, int64 labels), the copy is a memcpy, a memset and one kernel for
-// every block's edges and the labels (fill_padded_cuda) instead of a few ATen ops a block.
-// Returns the call's own wall and thread-CPU seconds, timed inside it (without the GIL): beside
-// the caller's timing of the call, what it waited for the GIL on its way back, and beside each
-// other, what its launches waited off the CPU (a CUDA driver lock, say).
-std::tuple<double, double> fill_padded(at::Tensor x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
-                 const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
-                 const std::vector<at::Tensor>& pad_src, const std::vector<int64_t>& block_dsts,
-                 const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y, bool kernel);
+// A graphed step's padded buffers, kept with what does not change from batch to batch, and the
+// copy of one sampled batch into them. The buffers: x_buf (features), edges[i] (block i's [2, cap]
+// edge index), y_buf (labels); ramps[i] is arange over edges[i]'s columns, pad_src[i] the
+// padding edges' sources, dst_caps[i] block i's target capacity.
+class PaddedBuffers {
+ public:
+  PaddedBuffers(at::Tensor x_buf, std::vector<at::Tensor> edges, std::vector<at::Tensor> ramps,
+                std::vector<at::Tensor> pad_src, std::vector<int64_t> dst_caps, at::Tensor y_buf);
+
+  // Copies x into x_buf's first rows (the rest zeroed), each block's edges block_edges[i] (its
+  // [2, k] edge index, block_dsts[i] its target count) into edges[i]'s first columns (padding
+  // edges after them: sources pad_src[i][k:], targets counted down from row dst_caps[i] - 1,
+  // grouped by target) and y into y_buf's first entries (the rest -1). A batch that does not fit
+  // is refused before anything is written. With kernel (and CUDA tensors: contiguous buffers,
+  // the features' dtype the buffer's, int64 labels), the copy is a memcpy, a memset and one
+  // kernel for every block's edges and the labels instead of a few ATen ops a block.
+  // Returns the call's own wall and thread-CPU seconds, timed inside it (without the GIL): beside
+  // the caller's timing of the call, what it waited for the GIL on its way back, and beside each
+  // other, what its launches waited off the CPU (a CUDA driver lock, say).
+  std::tuple<double, double> fill(const at::Tensor& x, const std::vector<at::Tensor>& block_edges,
+                                  const std::vector<int64_t>& block_dsts, const at::Tensor& y, bool kernel);
+
+#ifdef TORCH_DIRECT_WITH_CUDA
+  // fill with the kernel, with two sets of buffers, in one call: the fill stream waits for each
+  // event of waits (raw cudaEvent_t handles; 0, an event never recorded, is skipped), the copy
+  // runs there, copied (a created event) is recorded after it and the training stream waits for
+  // that. Streams as raw cudaStream_t handles (0: the default stream). Returns fill's seconds.
+  std::tuple<double, double> fill_beside(int64_t fill_stream, int64_t train_stream, const std::vector<int64_t>& waits,
+                                         int64_t copied, const at::Tensor& x,
+                                         const std::vector<at::Tensor>& block_edges,
+                                         const std::vector<int64_t>& block_dsts, const at::Tensor& y);
+#endif
+
+ private:
+  void check(const at::Tensor& x, const std::vector<at::Tensor>& block_edges, const std::vector<int64_t>& block_dsts,
+             const at::Tensor& y) const;
+  void fill_aten(const at::Tensor& x, const std::vector<at::Tensor>& block_edges,
+                 const std::vector<int64_t>& block_dsts, const at::Tensor& y);
+#ifdef TORCH_DIRECT_WITH_CUDA
+  // whether the kernel takes this batch (else fill issues ATen ops); the buffers' part is fixed
+  bool kernel_takes(const at::Tensor& x, const std::vector<at::Tensor>& block_edges, const at::Tensor& y) const;
+  bool buffers_take_kernel() const;
+  void fill_cuda(const at::Tensor& x, const std::vector<at::Tensor>& block_edges,
+                 const std::vector<int64_t>& block_dsts, const at::Tensor& y);
+#endif
+
+  at::Tensor x_buf_, y_buf_;
+  std::vector<at::Tensor> edges_, ramps_, pad_src_;
+  std::vector<int64_t> dst_caps_;
+  bool buffers_take_kernel_ = false;
+};
 
 #ifdef TORCH_DIRECT_WITH_CUDA
 constexpr int kMaxFillBlocks = 16;   // the most blocks (layers) the one-kernel copy takes
-// Whether fill_padded_cuda takes these tensors (else fill_padded issues ATen ops).
-bool fill_padded_cuda_applies(const at::Tensor& x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
-                              const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
-                              const std::vector<at::Tensor>& pad_src, const at::Tensor& y_buf, const at::Tensor& y);
-// fill_padded's copy on the current CUDA stream, the arguments checked by fill_padded.
-void fill_padded_cuda(at::Tensor& x_buf, const at::Tensor& x, const std::vector<at::Tensor>& edges,
-                      const std::vector<at::Tensor>& block_edges, const std::vector<at::Tensor>& ramps,
-                      const std::vector<at::Tensor>& pad_src, const std::vector<int64_t>& block_dsts,
-                      const std::vector<int64_t>& dst_caps, at::Tensor& y_buf, const at::Tensor& y);
-// A graphed step's copy with two sets of buffers, in one call: the fill stream waits for each
-// event of waits (raw cudaEvent_t handles; 0, an event never recorded, is skipped), fill_padded
-// runs there, copied (a created event) is recorded after it and the training stream waits for
-// that. Streams as raw cudaStream_t handles (0: the default stream). Returns fill_padded's own
-// seconds.
-std::tuple<double, double> fill_padded_beside(int64_t fill_stream, int64_t train_stream, const std::vector<int64_t>& waits,
-                                              int64_t copied, at::Tensor x_buf, const at::Tensor& x,
-                                              const std::vector<at::Tensor>& edges,
-                                              const std::vector<at::Tensor>& block_edges,
-                                              const std::vector<at::Tensor>& ramps, const std::vector<at::Tensor>& pad_src,
-                                              const std::vector<int64_t>& block_dsts,
-                                              const std::vector<int64_t>& dst_caps, at::Tensor y_buf, const at::Tensor& y);
 #endif
 
 // loss_sum += loss * batch_size; correct += how many labelled entries of y (y >= 0) have their

@@ -34,7 +34,7 @@ The copy waits for the batch's own ``ready`` event (set by the pipelined loader;
 for the training stream's work so far) and for the last replay that read that set.
 
 The copy into the buffers is one call into C++ that runs without the GIL (``_aggregate.
-fill_padded``, ``padded.py``), so the training loop takes the GIL once for it instead of once
+PaddedBuffers.fill``, ``padded.py``), so the training loop takes the GIL once for it instead of once
 an op while the loader's Python threads want it too. On a GPU that call is a memcpy of the
 features, a memset of their padding and one kernel for every block's edges and the labels: the
 loop's time from a batch's arrival to its replay's launch is time a training stream that waited

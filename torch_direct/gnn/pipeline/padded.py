@@ -1,11 +1,11 @@
 """A graphed step's padded buffers: :class:`PaddedBatch` holds one batch at a time in static
 buffers of fixed capacities, padded as ``graphed.py`` explains, and copies each batch in.
 
-The copy is one call into C++ without the GIL (``_aggregate.fill_padded``); on a GPU it is a
-memcpy of the features, a memset of their padding and one kernel for every block's edges and the
-labels. Under the experimental ``step_host=fused_waits``, with two sets of buffers
-(:meth:`PaddedBatch.fill_beside`) the fill stream's waits and the training stream's wait for the
-copy are in that call too. The setting ``step_host`` picks the form (:func:`step_host`).
+The copy is one call into C++ without the GIL (``_aggregate.PaddedBuffers.fill``, which keeps
+the buffers and what does not change between batches); on a GPU it is a memcpy of the features,
+a memset of their padding and one kernel for every block's edges and the labels. Under the
+experimental ``step_host=fused_waits``, with two sets of buffers (:meth:`PaddedBatch.fill_beside`)
+the fill stream's waits and the training stream's wait for the copy are in that call too. The setting ``step_host`` picks the form (:func:`step_host`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ class PaddedBatch:
         host = step_host()   # read once: fill runs every step
         self.fused, self.kernel = host != "python", host in ("fused", "fused_waits")
         self.waits_in_call = host == "fused_waits"
+        self.native = _aggregate.PaddedBuffers(self.x, self.edges, self.ramps, self.pad_src,
+                                               [c[1] for c in caps], self.y)
 
     def fits(self, b):
         """Batch ``b``'s sizes (as :func:`batch_sizes`) where it fits, each size within its capacity
@@ -65,23 +67,24 @@ class PaddedBatch:
             return None
         return sizes if all(s[0] <= c[0] and s[1] < c[1] and s[2] <= c[2] for s, c in zip(sizes, self.caps)) else None
 
-    def _args(self, b) -> tuple:
-        """The copy call's arguments for batch ``b``."""
-        return (self.x, b.x, self.edges, [ei for ei, _, _ in b.adjs], self.ramps, self.pad_src,
-                [int(size[1]) for _, _, size in b.adjs], [c[1] for c in self.caps], self.y, b.y)
+    @staticmethod
+    def _batch(b) -> tuple:
+        """The copy call's arguments for batch ``b``: features, each block's edges and target
+        count, labels."""
+        return b.x, [ei for ei, _, _ in b.adjs], [int(size[1]) for _, _, size in b.adjs], b.y
 
     def fill_beside(self, b, fill_stream, train_stream, waits, copied):
         """The copy on ``fill_stream`` after the events ``waits``, ``copied`` recorded after it and
         ``train_stream`` waiting for it: one call without the GIL (with the kernel: CUDA only).
         Returns the copy's own (wall, CPU) seconds, as :meth:`fill`."""
-        return _aggregate.fill_padded_beside(fill_stream.cuda_stream, train_stream.cuda_stream,
-                                             [e.cuda_event for e in waits], copied.cuda_event, *self._args(b))
+        return self.native.fill_beside(fill_stream.cuda_stream, train_stream.cuda_stream,
+                                       [e.cuda_event for e in waits], copied.cuda_event, *self._batch(b))
 
     def fill(self, b):
         """Copy batch ``b`` (which :meth:`fits`) into the buffers, its padding reset. Fused, returns
         the copy call's own (wall, CPU) seconds, timed inside it; else None."""
         if self.fused:
-            return _aggregate.fill_padded(*self._args(b), self.kernel)
+            return self.native.fill(*self._batch(b), self.kernel)
         n = b.x.shape[0]
         self.x[:n].copy_(b.x)
         self.x[n:].zero_()
