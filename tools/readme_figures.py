@@ -178,6 +178,18 @@ def _papers_auto(r):
             f"{s(resident['epoch_s'], 2)}; test accuracy {accs}")
 
 
+PAPERS_HOSTS = [(f"train_papers100M-like_variants-{tree}_h100_fp8_{u}.json",
+                 f"train_papers100M-like_variants-{tree}_h100_fp8_{g}.json")
+                for tree, u, g in (("77b998c", "aw4", "agr"), ("2fdeff5", "w4", "gr"), ("77b998c", "bw4", "bgr"))]
+
+
+def _papers_hosts(r):
+    pairs = [(r[u]["rows"][0], r[g]["rows"][0]) for u, g in PAPERS_HOSTS]
+    accs = " / ".join(f"{row['test_acc']:.4f}" for pair in pairs for row in pair)
+    return ("; ".join(f"{s(u['epoch_s'], 2)} / {s(g['epoch_s'], 2)} ({x(u['epoch_s'] / g['epoch_s'], 2)})"
+                      for u, g in pairs) + f"; test accuracy {accs}")
+
+
 def _papers_host(r):
     row = r[PAPERS_HOST]["rows"][0]
     return f"{s(row['epoch_s'], 1)}; test accuracy {row['test_acc']:.4f}"
@@ -253,6 +265,13 @@ ROWS = [
      "threads of 4 CPU threads each / three of 5 (each against all-in-GPU) / all-in-GPU (float8)",
      PAPERS_AUTO,
      _papers_auto),
+    ("papers100M-like on three more **H100** machines, each one call: unified float8 as above with four "
+     "gathering threads of 4 CPU threads each, against all-in-GPU (float8) in the same call, on the host "
+     "whose CPU gathered the misses fastest (generated in 111 s) / a slower one (137 s) / the slowest "
+     "(152 s), the unified run first in its call on the last two: the unified epoch follows the host's "
+     "random reads of the misses",
+     [n for pair in PAPERS_HOSTS for n in pair],
+     _papers_hosts),
 ]
 
 # Measured on the presets of generator version 1 (half of OGB's edges, labels every pipeline
