@@ -242,7 +242,7 @@ papers_graphed() {  # papers-graphed (its options in the environment, as the hea
 }
 
 # unified on products-like with the GPU sampler on a GPU copy of the CSR, and the loader's ways
-# of overlapping its work with the training step (docs/pipeline.md)
+# of overlapping its work with the training step (docs/pipeline-measurements.md)
 products_overlap() {
   # with full-neighbourhood test accuracy beside the sampled one (the sampled-inference target)
   bench products-like_graph-gpu 150 --dataset products-like --epochs 2 --pipelines unified,gpu_resident --graph gpu \
@@ -307,7 +307,7 @@ case "$what" in
     bench papers100M-like_graph-gpu_cache8g_hybrid 170 --dataset papers100M-like --epochs 2 --pipelines unified \
       --graph gpu --cache-mb 8192 --gather-cpu-threads 16 --test-nodes 100000 ;;
   papers-hybrid)  # the hybrid gather with fewer CPU threads than cores (the training loop keeps
-    # some), alone and with sampling in its own thread and stream (docs/pipeline.md)
+    # some), alone and with sampling in its own thread and stream (docs/pipeline-measurements.md)
     papers_data_once
     # the floor without host reads: the features (36 GB) fit the H200
     bench papers100M-like_graph-gpu_gpu-resident 150 --dataset papers100M-like --epochs 2 \
@@ -320,7 +320,7 @@ case "$what" in
       --pipelines unified --graph gpu --gather-cpu-threads 12 --sample-ahead --test-nodes 100000 ;;
   products-cache)  # unified's epoch against the GPU cache's budget, with the levers that helped
     # (reorder by degree, sampling ahead; merged gathers cost time once the cache serves most rows),
-    # beside gpu_resident in the same call (the 1.15x target on products-like; docs/pipeline.md)
+    # beside gpu_resident in the same call (the 1.15x target on products-like; docs/pipeline-measurements.md)
     bench products-like_graph-gpu_gpu-resident 60 --dataset products-like --epochs 2 --pipelines gpu_resident \
       --graph gpu --test-nodes 20000
     for mb in ${CACHE_MB_LIST:-0 128 256 512}; do
@@ -341,7 +341,7 @@ case "$what" in
     bench papers100M-like_graph-gpu_gpu-resident 150 --dataset papers100M-like --epochs 2 \
       --pipelines gpu_resident --graph gpu --test-nodes 100000 ;;
   floor-probe)  # what sets gpu_resident's epoch on papers100M-like: sampler, gather and step alone and
-    # together, per precision (experiments/step_floor_probe.py; docs/pipeline.md)
+    # together, per precision (experiments/step_floor_probe.py; docs/pipeline-measurements.md)
     # (one process: the data set is loaded to the GPU once for every precision)
     papers_data_once
     timeout "${PROBE_LIMIT:-300}" python3 experiments/step_floor_probe.py --root "$DATA" --dataset papers100M-like --graph gpu \
@@ -360,7 +360,7 @@ case "$what" in
     bench papers100M-like_graph-gpu_all-levers_sample-ahead 400 --dataset papers100M-like --epochs 2 \
       --pipelines unified --graph gpu --reorder degree --merge-gathers --cache-mb 8192 --sample-ahead \
       --test-nodes 100000 ;;
-  papers-graphed)  # the graphed step with its padding spread over rows (docs/pipeline.md)
+  papers-graphed)  # the graphed step with its padding spread over rows (docs/pipeline-measurements.md)
     papers_graphed ;;
   papers-graphed-buffers)  # gpu_resident with one set of graphed buffers, then two (the copies beside the replay)
     for n in ${BUFFER_SETS:-1 2}; do
@@ -455,14 +455,14 @@ case "$what" in
         --test-nodes 1000 --no-progress --profile "$OUT/profile_step_$mode.txt" > "$OUT/profile_step_$mode.log" 2>&1
       echo "step-profile $mode: rc=$?" | tee -a "$OUT/pipeline_summary.txt"; head -45 "$OUT/profile_step_$mode.txt" | cut -c1-220
     done ;;
-  papers-graphed-levers)  # the same unified run with each experimental lever (docs/pipeline.md, docs/gather.md)
+  papers-graphed-levers)  # the same unified run with each experimental lever (docs/pipeline-measurements.md, docs/gather.md)
     papers_data_once
     common="--dataset papers100M-like --epochs 2 --graph gpu --cuda-graph --sample-ahead ${AHEAD:-3} --layers builtin --test-nodes 100000 --precision ${PRECISION:-fp32}"
     for lever in ${LEVERS:-sampler_relabel=hash feature_pages=huge}; do
       TORCH_DIRECT_EXPERIMENTAL=$lever bench "papers100M-like_graphed_unified_${lever//=/-}" 200 $common \
         --pipelines unified --cache-mb "${CACHE_MB:-13500}" --gather-cpu-threads 12
     done ;;
-  unified-probe)  # the parts of a unified batch, with each sampler relabel (docs/pipeline.md)
+  unified-probe)  # the parts of a unified batch, with each sampler relabel (docs/pipeline-measurements.md)
     papers_data_once
     timeout "${PROBE_LIMIT:-300}" python3 experiments/step_floor_probe.py --root "$DATA" --dataset papers100M-like \
       --graph gpu --store unified --cache-mb "${CACHE_MB:-13500}" --layers builtin --precision fp32 \

@@ -1,7 +1,7 @@
 """Device-side experiment: what sets gpu_resident's epoch, the floor no feature path can beat.
 
 On papers100M-like, gpu_resident (features in GPU memory) takes 5.1 s an epoch while its
-training steps take 2.8-2.9 s of GPU time when they run alone (docs/pipeline.md). This
+training steps take 2.8-2.9 s of GPU time when they run alone (docs/pipeline-measurements.md). This
 splits a fixed number of batches into its parts, each timed by wall clock with the GPU
 synchronised at both ends, on the same batches and model:
 

@@ -308,7 +308,7 @@ def commit_of(rec: dict) -> str:
 V1_HEADING = ("On the presets of generator version 1, with half of OGB's edges and labels every "
               "pipeline learned to 0.99 (not comparable with the figures above; to be measured again "
               "on today's presets; their cache, locality-lever and all-in-GPU figures, which the table "
-              "above measures again, are in `docs/pipeline.md`):")
+              "above measures again, are in `docs/pipeline-measurements.md`):")
 
 
 def table(results: Path) -> list[str]:

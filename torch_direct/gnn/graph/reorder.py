@@ -126,7 +126,7 @@ def access_frequency(graph: CSRGraph, fanout: int = -1) -> torch.Tensor:
 
     This is what the GPU cache of hot rows ranks by (``train --cache-mb``). A row's length is
     not a proxy for it on a directed graph: on the synthetic presets the two are uncorrelated,
-    and a cache of the longest rows holds only its own share of the reads (docs/pipeline.md).
+    and a cache of the longest rows holds only its own share of the reads (docs/pipeline-measurements.md).
     On an undirected graph with ``fanout=-1`` it equals the degree.
 
     The result is the same bit for bit on every machine, whatever the number of threads

@@ -16,7 +16,7 @@ the features of several batches in one ordered gather, ``--cache-mb`` keeps the 
 on the GPU. They change where rows are read from, not what is trained (``reorder`` and
 ``merge`` give the same batches, losses and accuracies);
 ``python -m torch_direct.gnn.bench train-ablation`` times each of them. The fastest unified setting
-measured on products-like (one H200, docs/pipeline.md): ``--graph gpu --reorder frequency
+measured on products-like (one H200, docs/pipeline-measurements.md): ``--graph gpu --reorder frequency
 --sample-ahead --cache-mb 512``, within 1.15x of gpu_resident's epoch.
 
 Models: GraphSAGE, GAT and GIN from PyG when torch_geometric is installed; without it a
