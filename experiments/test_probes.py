@@ -12,9 +12,14 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 REPO = Path(__file__).resolve().parent.parent
 
 
-def probe(*args):
-    return subprocess.run([sys.executable, str(REPO / "experiments" / "step_floor_probe.py"), *args],
+def script(name, *args):
+    """experiments/``name`` run with ``args`` in a process of its own (output captured)."""
+    return subprocess.run([sys.executable, str(REPO / "experiments" / name), *args],
                           capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+def probe(*args):
+    return script("step_floor_probe.py", *args)
 
 
 class TestStepFloorProbe(TestCase):
@@ -321,6 +326,44 @@ class TestLaunchContentionProbe(TestCase):
             r = self.run_probe(str(Path(d) / "out.json"), "--seconds", "0.1")
             self.assertEqual(r.returncode, 2, r.stderr[-500:])
             self.assertIn("needs a CUDA GPU", r.stderr)
+
+
+class TestFeatureBitsProbe(TestCase):
+    def probe(self, *args):
+        return script("feature_bits_probe.py", *args)
+
+    def test_each_form_trains_on_its_own_rounded_copy(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "r.json"
+            r = self.probe("--dataset", "tiny", "--root", d, "--bits", "4,fp8,2", "--out", str(out), "--",
+                           "--epochs", "1", "--no-progress", "--threads", "1", "--hidden", "16", "--test-nodes", "200")
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            rec = json.loads(out.read_text())
+            self.assertIn("provenance", rec)
+            self.assertEqual([row["form"] for row in rec["rows"]], ["stored (float32)", "4", "fp8", "2"])
+            err = {row["form"]: row["relative_error"] for row in rec["rows"]}
+            # the stored run reads the features as they are; fewer levels, larger error
+            self.assertEqual(err["stored (float32)"], 0.0)
+            self.assertGreater(err["fp8"], 0.0)
+            self.assertGreater(err["4"], err["fp8"])
+            self.assertGreater(err["2"], err["4"])
+            for row in rec["rows"]:
+                self.assertTrue(0.0 <= row["test_acc"] <= 1.0, row)
+            self.assertEqual(rec["rows"][0]["test_acc_vs_stored"], 0.0)
+            # the rounded copies are gone; the data set's own cache and the record stay
+            self.assertEqual(sorted(p.name for p in Path(d).iterdir()), ["r.json", "tiny-seed0"])
+
+    def test_bad_input(self):
+        with tempfile.TemporaryDirectory() as d:
+            for args, msg in ((["--bits", "9"], "fp8 or an integer from 2 to 8, got '9'"),
+                              (["--bits", "4,4"], "4 is given twice"),
+                              (["--dataset", "ogbn-arxiv"], "--dataset: one of"),
+                              (["--", "--root", d], "give --root to the probe"),
+                              (["--", "--epochs", "0"], "--epochs")):
+                r = self.probe("--root", d, *args)
+                self.assertEqual(r.returncode, 2, (args, r.stderr[-1000:]))
+                self.assertIn(msg, r.stderr)
+            self.assertEqual(list(Path(d).iterdir()), [])   # nothing generated before the checks
 
 
 if __name__ == "__main__":
