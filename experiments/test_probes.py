@@ -12,10 +12,10 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 REPO = Path(__file__).resolve().parent.parent
 
 
-def script(name, *args):
+def script(name, *args, timeout=600):
     """experiments/``name`` run with ``args`` in a process of its own (output captured)."""
     return subprocess.run([sys.executable, str(REPO / "experiments" / name), *args],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 def probe(*args):
@@ -100,10 +100,8 @@ class TestCacheRankProbe(TestCase):
     def test_shares_of_the_reads(self):
         with tempfile.TemporaryDirectory() as d:
             out = Path(d) / "c.json"
-            r = subprocess.run([sys.executable, str(REPO / "experiments" / "cache_rank_probe.py"), "--root", d,
-                                "--dataset", "tiny", "--batch-size", "64", "--batches", "5",
-                                "--fractions", "0.1,0.5,1", "--out", str(out)],
-                               capture_output=True, text=True, timeout=600, cwd=REPO)
+            r = script("cache_rank_probe.py", "--root", d, "--dataset", "tiny", "--batch-size", "64",
+                       "--batches", "5", "--fractions", "0.1,0.5,1", "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             rec = json.loads(out.read_text())
             self.assertEqual(set(rec["held"]), {"0.1", "0.5", "1.0"})
@@ -113,16 +111,14 @@ class TestCacheRankProbe(TestCase):
                     self.assertLessEqual(v, held["oracle"] + 1e-12, msg=f"{frac} {name}")
                     self.assertGreater(v, 0.0)
             self.assertEqual(rec["held"]["1.0"], {k: 1.0 for k in rec["held"]["1.0"]})   # every row cached
-            r = subprocess.run([sys.executable, str(REPO / "experiments" / "cache_rank_probe.py"), "--fractions", "0,2"],
-                               capture_output=True, text=True, timeout=600, cwd=REPO)
+            r = script("cache_rank_probe.py", "--fractions", "0,2")
             self.assertEqual(r.returncode, 2)
             self.assertIn("each must be in (0, 1]", r.stderr)
 
 
 class TestHugepageGatherProbe(TestCase):
     def run_probe(self, *args):
-        return subprocess.run([sys.executable, str(REPO / "experiments" / "hugepage_gather_probe.py"), *args],
-                              capture_output=True, text=True, timeout=600, cwd=REPO)
+        return script("hugepage_gather_probe.py", *args)
 
     def test_gathers_from_both_tables(self):
         with tempfile.TemporaryDirectory() as d:
@@ -152,8 +148,7 @@ class TestHugepageGatherProbe(TestCase):
 
 class TestTrainVariants(TestCase):
     def variants(self, *args):
-        return subprocess.run([sys.executable, str(REPO / "experiments" / "train_variants.py"), *args],
-                              capture_output=True, text=True, timeout=600, cwd=REPO)
+        return script("train_variants.py", *args)
 
     def test_variants_share_one_reorder_and_write_a_record_each(self):
         with tempfile.TemporaryDirectory() as d:
@@ -254,8 +249,7 @@ class TestTraceOverlap(TestCase):
     def run_tool(self, d, doc, *extra):
         path = Path(d) / "t.json"
         path.write_text(json.dumps(doc))
-        return subprocess.run([sys.executable, str(REPO / "experiments" / "trace_overlap.py"), str(path), *extra],
-                              capture_output=True, text=True, timeout=120, cwd=REPO)
+        return script("trace_overlap.py", str(path), *extra, timeout=120)
 
     def test_figures(self):
         doc = self.trace([
@@ -297,15 +291,13 @@ class TestTraceOverlap(TestCase):
             self.assertIn("no device work launched in them", r.stderr)
             path = Path(d) / "bad.json"
             path.write_text("{")
-            r = subprocess.run([sys.executable, str(REPO / "experiments" / "trace_overlap.py"), str(path)],
-                               capture_output=True, text=True, timeout=120, cwd=REPO)
+            r = script("trace_overlap.py", str(path), timeout=120)
             self.assertIn("is not a Chrome trace", r.stderr)
 
 
 class TestLaunchContentionProbe(TestCase):
     def run_probe(self, *args):
-        return subprocess.run([sys.executable, str(REPO / "experiments" / "launch_contention_probe.py"), *args],
-                              capture_output=True, text=True, timeout=300, cwd=REPO)
+        return script("launch_contention_probe.py", *args, timeout=300)
 
     def test_bad_input(self):
         for args, msg in ((["--pieces", "1024,x"], "--pieces must be integers"),
