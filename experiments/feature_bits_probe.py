@@ -99,7 +99,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="train")
     options.add_arguments(parser)
     for taken in ("--dataset", "--root", "--json"):
-        if taken in common:
+        if any(t == taken or t.startswith(taken + "=") for t in common):
             raise ValueError(f"give {taken} to the probe, not after --: it trains on its own copies")
 
     def train_args(root):

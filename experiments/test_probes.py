@@ -351,6 +351,7 @@ class TestFeatureBitsProbe(TestCase):
                               (["--bits", "4,4"], "4 is given twice"),
                               (["--dataset", "ogbn-arxiv"], "--dataset: one of"),
                               (["--", "--root", d], "give --root to the probe"),
+                              (["--", "--json=x.json"], "give --json to the probe"),
                               (["--", "--epochs", "0"], "--epochs")):
                 r = self.probe("--root", d, *args)
                 self.assertEqual(r.returncode, 2, (args, r.stderr[-1000:]))
