@@ -130,7 +130,7 @@ void PaddedBuffers::fill_cuda(const at::Tensor& x, const std::vector<at::Tensor>
       const int64_t rows = dst_caps_[b] - block_dsts[b];
       a.blocks[b] = {edges_[b].data_ptr<Out>(), ei.const_data_ptr<In>(), ramps_[b].const_data_ptr<Out>(),
                      pad_src_[b].const_data_ptr<Out>(), ei.stride(0), ei.stride(1), k, cap,
-                     std::max<int64_t>(1, (cap - k + rows - 1) / rows), dst_caps_[b] - 1};
+                     padding_per_row(cap - k, rows), dst_caps_[b] - 1};
       end += 2 * cap;
       a.ends[b] = end;
     }

@@ -106,7 +106,7 @@ void PaddedBuffers::fill_aten(const at::Tensor& x, const std::vector<at::Tensor>
     // the padding edges' targets, from row dst_caps - 1 down, in runs of at most
     // ceil(pad / padding rows) edges: grouped by target as the sampler's own edges are
     const int64_t rows = dst_caps_[i] - block_dsts[i];
-    const int64_t per_row = std::max<int64_t>(1, (pad + rows - 1) / rows);
+    const int64_t per_row = padding_per_row(pad, rows);
     at::Tensor t = e[1].narrow(0, k, pad);
     at::sub_out(t, ramps_[i].narrow(0, k, pad), k);
     t.div_(per_row, "floor").neg_().add_(dst_caps_[i] - 1);

@@ -7,10 +7,18 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <tuple>
 #include <vector>
 
 namespace torch_direct::aggregate {
+
+// Padding edges a padding target takes: `pad` edges over `rows` padding targets, in runs of at
+// most ceil(pad / rows) each (at least 1), counted down from the last target. Both forms of
+// the copy (ATen and the kernel) place the padding edges by it.
+inline int64_t padding_per_row(int64_t pad, int64_t rows) {
+  return std::max<int64_t>(1, (pad + rows - 1) / rows);
+}
 
 // A graphed step's padded buffers, kept with what does not change from batch to batch, and the
 // copy of one sampled batch into them. The buffers: x_buf (features), edges[i] (block i's [2, cap]

@@ -267,9 +267,10 @@ class GraphedStep:
             self._fill_stream = torch.cuda.Stream(b.x.device, priority=torch.cuda.current_stream(b.x.device).priority)
             # recorded again at each replay; waiting on one not yet recorded waits for nothing
             self._released = [torch.cuda.Event() for _ in bufs]
-            self._copied = [torch.cuda.Event() for _ in bufs]   # each set's copy done (the one-call path)
-            for ev in self._copied:
-                ev.record(self._fill_stream)   # created now: the one call records it by its handle
+            if bufs[0].waits_in_call:   # each set's copy done, recorded by the one call by its handle
+                self._copied = [torch.cuda.Event() for _ in bufs]
+                for ev in self._copied:
+                    ev.record(self._fill_stream)   # created now, so that the handle exists
 
     def _add(self, name: str, wall_cpu) -> None:
         """Add (wall, CPU) seconds to part ``name`` (nothing for None: an untimed copy)."""
