@@ -180,7 +180,8 @@ def _papers_auto(r):
 
 PAPERS_HOSTS = [(f"train_papers100M-like_variants-{tree}_h100_fp8_{u}.json",
                  f"train_papers100M-like_variants-{tree}_h100_fp8_{g}.json")
-                for tree, u, g in (("77b998c", "aw4", "agr"), ("2fdeff5", "w4", "gr"), ("77b998c", "bw4", "bgr"))]
+                for tree, u, g in (("77b998c", "aw4", "agr"), ("2fdeff5", "w4", "gr"), ("77b998c", "bw4", "bgr"),
+                                     ("ee5bf6f", "w4", "gr"))]
 
 
 def _papers_hosts(r):
@@ -265,10 +266,10 @@ ROWS = [
      "threads of 4 CPU threads each / three of 5 (each against all-in-GPU) / all-in-GPU (float8)",
      PAPERS_AUTO,
      _papers_auto),
-    ("papers100M-like on three more **H100** machines, each one call: unified float8 as above with four "
+    ("papers100M-like on four more **H100** machines, each one call: unified float8 as above with four "
      "gathering threads of 4 CPU threads each, against all-in-GPU (float8) in the same call, on the host "
-     "whose CPU gathered the misses fastest (generated in 111 s) / a slower one (137 s) / the slowest "
-     "(152 s), the unified run first in its call on the last two: the unified epoch follows the host's "
+     "whose CPU gathered the misses fastest (generated in 111 s) / slower ones (137 s, 152 s) / the slowest "
+     "(219 s), the unified run first in its call on the last three: the unified epoch follows the host's "
      "random reads of the misses",
      [n for pair in PAPERS_HOSTS for n in pair],
      _papers_hosts),
