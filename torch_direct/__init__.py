@@ -28,7 +28,8 @@ from ._backend import (  # noqa: F401  (on stock torch: registers the device on 
     vehicle,
 )
 
-from ._gather import gather, hybrid_cpu_fraction, hybrid_gather_parts, quantize_rows_fp8  # noqa: E402
+from ._gather import gather, hybrid_cpu_fraction, hybrid_gather_parts  # noqa: E402
+from ._quantize import dequantize_rows_int4, quantize_rows_fp8, quantize_rows_int4  # noqa: E402
 from ._experimental import experimental, get as experimental_setting  # noqa: E402
 
 __version__ = "0.1.0"
@@ -39,12 +40,14 @@ __all__ = [
     "cpu_alias",
     "cuda_alias",
     "cuda_available",
+    "dequantize_rows_int4",
     "driver_mapped",
     "empty_cache",
     "experimental",
     "experimental_setting",
     "gather",
     "quantize_rows_fp8",
+    "quantize_rows_int4",
     "hybrid_cpu_fraction",
     "hybrid_gather_parts",
     "is_unified",

@@ -12,7 +12,6 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 _ORDERS = {"auto": 0, "sort": 1, "as_is": 2}
 _CASTABLE = (torch.float32, torch.float16, torch.bfloat16)
 FP8 = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8).max)   # 448
 
 
 def hybrid_cpu_fraction(row_bytes: int, device: int | None = None, table_bytes: int = 0) -> float:
@@ -210,57 +209,3 @@ def _check_scale(table, index, scale, dtype, cpu_threads) -> None:
     if index.device.type == "cuda" and scale.device.type != "unified" and scale.device != index.device:
         raise ValueError(f"gather: with a CUDA index, scale must be unified or on {index.device}, "
                          f"got {scale.device}")
-
-
-def quantize_rows_fp8(x: torch.Tensor, *, device=None, compute=None, chunk_rows: int = 1 << 16,
-                      progress=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(q, scale)``: the rows of ``x`` as float8_e4m3fn with a float32 scale per row.
-
-    ``scale[i] = max(|x[i]|) / 448`` (448 is e4m3's largest value; 1 for a row of zeros) and
-    ``q[i] = x[i] / scale[i]`` rounded to e4m3, so ``q[i].float() * scale[i]`` is ``x[i]``
-    to e4m3's 3 mantissa bits (a relative error of at most 1/16 per entry, and exact zeros).
-    A table so stored takes a quarter of float32's bytes and half of float16's; read it with
-    ``gather(q, index, scale=scale, dtype=...)``.
-
-    ``x``: a 2-D floating tensor (CPU, unified or CUDA). ``q`` and ``scale`` are made on
-    ``device`` (default ``x``'s device; ``"unified"`` puts a CPU table's result in unified
-    memory). Rows are converted ``chunk_rows`` at a time on ``compute`` (default: the GPU
-    when one is usable, else the CPU), so memory beyond the result stays bounded.
-    ``progress(rows_done)`` is called after each chunk. A non-finite value raises
-    ValueError naming its row, before the result is returned.
-    """
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
-        raise TypeError("quantize_rows_fp8: x must be a 2-D floating tensor, got "
-                        + (f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor)
-                           else type(x).__name__))
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows <= 0:
-        raise ValueError(f"quantize_rows_fp8: chunk_rows must be a positive int, got {chunk_rows!r}")
-    device = torch.device(device) if device is not None else x.device
-    if compute is None:
-        compute = torch.device("cuda", torch.cuda.current_device()) if (
-            torch.cuda.is_available() and _C._built_with_cuda()) else torch.device("cpu")
-    compute = torch.device(compute)
-    if compute.type not in ("cpu", "cuda"):
-        raise ValueError(f"quantize_rows_fp8: compute must be 'cpu' or a CUDA device, got {compute}")
-    src = _C._as_cpu_alias(x) if x.device.type == "unified" else x
-    q = torch.empty(x.shape, dtype=FP8, device=device)
-    scale = torch.empty(x.shape[0], dtype=torch.float32, device=device)
-    q_w = _C._as_cpu_alias(q) if device.type == "unified" else q
-    s_w = _C._as_cpu_alias(scale) if device.type == "unified" else scale
-    on_gpu = compute.type == "cuda"
-    for b in range(0, x.shape[0], chunk_rows):
-        e = min(b + chunk_rows, x.shape[0])
-        part = src[b:e].to(compute, non_blocking=on_gpu).to(torch.float32)
-        amax = part.abs().amax(dim=1)
-        if not bool(torch.isfinite(amax).all()):
-            bad = b + int(torch.nonzero(~torch.isfinite(amax))[0, 0])
-            raise ValueError(f"quantize_rows_fp8: row {bad} holds a non-finite value")
-        s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-        qb = (part / s.unsqueeze(1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
-        q_w[b:e].copy_(qb)
-        s_w[b:e].copy_(s)
-        if progress is not None:
-            progress(e)
-    if on_gpu:
-        torch.cuda.synchronize(compute)
-    return q, scale

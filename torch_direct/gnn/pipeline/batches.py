@@ -19,6 +19,7 @@ feature stores and :class:`~torch_direct.gnn.pipeline.loader.PipelinedLoader`);
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import torch
 
@@ -55,26 +56,29 @@ _CONVERT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16
 def feature_table(x: torch.Tensor, feature_dtype: str, where: str, say=print, show: bool = True):
     """``(table, scale)``: the feature table as ``--feature-dtype`` holds it. ``stored``: ``x``
     itself; ``fp32``/``fp16``/``bf16``: converted once; ``fp8``: float8 e4m3 rows with a float32
-    scale each (``scale``; None otherwise), made on ``where`` ("unified" or "cpu") a chunk at a
-    time on the GPU when one is usable."""
+    scale each (``scale``; None otherwise); ``int4``: 4-bit integers two a byte (a ``uint8``
+    table) with a float32 scale each. The quantized tables are made on ``where`` ("unified" or
+    "cpu") a chunk at a time on the GPU when one is usable."""
     if feature_dtype == "stored":
         return x, None
     if feature_dtype in _CONVERT:
         return x.to(_CONVERT[feature_dtype]), None
-    if feature_dtype != "fp8":
+    if feature_dtype not in ("fp8", "int4"):
         from .options import FEATURE_DTYPES
         raise ValueError(f"--feature-dtype: expected one of {', '.join(FEATURE_DTYPES)}, got {feature_dtype!r}")
     from ..progress import progress
-    from torch_direct import quantize_rows_fp8
+    from torch_direct import quantize_rows_fp8, quantize_rows_int4
+    quantize, what = ((quantize_rows_fp8, "float8 e4m3") if feature_dtype == "fp8"
+                      else (quantize_rows_int4, "4-bit integers, two a byte,"))
     rows = x.shape[0]
-    with progress(rows, "features to fp8", enabled=show and rows >= 1 << 20) as bar:
+    with progress(rows, f"features to {feature_dtype}", enabled=show and rows >= 1 << 20) as bar:
         done = [0]
 
         def advance(n):
             bar.update(n - done[0])
             done[0] = n
-        q, scale = quantize_rows_fp8(x, device=where, progress=advance)
-    say(f"train: features held as float8 e4m3 with a scale per row ({q.numel() / 2**30:.2f} GiB + "
+        q, scale = quantize(x, device=where, progress=advance)
+    say(f"train: features held as {what} with a scale per row ({q.numel() / 2**30:.2f} GiB + "
         f"{scale.numel() * 4 / 2**30:.2f} GiB of scales, from {x.numel() * x.element_size() / 2**30:.2f} GiB "
         f"of {str(x.dtype).replace('torch.', '')})")
     return q, scale
@@ -129,16 +133,22 @@ class PipelinedBatches:
         x, scale = feature_table(ds.x, getattr(args, "feature_dtype", "stored"),
                                  "unified" if args.pipeline == "unified" and ctx is None else "cpu", say,
                                  show=not getattr(args, "no_progress", False))
-        self.store = make_feature_store(args.pipeline, x, device, batch_dtype(args, x.dtype, scale, ds.x.dtype), scale=scale,
-                                        cache_bytes=args.cache_mb << 20,
-                                        # ranked by how often the sampler reads a row (its outermost
-                                        # hop reads the most rows), not by row length
-                                        degree=(access_frequency(ds.graph, args.fanouts[-1])
-                                                if args.cache_mb else None),
-                                        pin_inplace=ctx is not None,
-                                        max_sms=args.gather_sms if cuda and args.gather_sms else None,
-                                        cpu_threads=args.gather_cpu_threads if cuda else 0,
-                                        cpu_share=getattr(args, "gather_cpu_share", None) if cuda else None)
+        int4 = getattr(args, "feature_dtype", "stored") == "int4"
+        if int4:   # a store of the packed bytes, unpacked after each gather
+            from .packed import make_int4_store
+            make_store = partial(make_int4_store, args.pipeline, x, scale)
+        else:
+            make_store = partial(make_feature_store, args.pipeline, x, scale=scale)
+        self.store = make_store(device, batch_dtype(args, x.dtype, scale, ds.x.dtype),
+                                cache_bytes=args.cache_mb << 20,
+                                # ranked by how often the sampler reads a row (its outermost
+                                # hop reads the most rows), not by row length
+                                degree=(access_frequency(ds.graph, args.fanouts[-1])
+                                        if args.cache_mb else None),
+                                pin_inplace=ctx is not None,
+                                max_sms=args.gather_sms if cuda and args.gather_sms else None,
+                                cpu_threads=args.gather_cpu_threads if cuda else 0,
+                                cpu_share=getattr(args, "gather_cpu_share", None) if cuda else None)
         labels = ds.y.to(device) if cuda else ds.y
         shard = None if ctx is None else (ctx.rank, ctx.world)
         # Sampling streams differ per rank (seed + rank * 7919); the seed permutation does not.
@@ -156,7 +166,7 @@ class PipelinedBatches:
         self.info = {"sampler": "gpu" if use_gpu_sampler else "cpu", "graph": graph.device.type,
                      "loader_priority": args.loader_priority, "merge_gathers": merge,
                      "gather_workers": getattr(args, "gather_workers", 1),
-                     "feature_dtype": str(self.store.source_dtype).replace("torch.", "")
+                     "feature_dtype": ("4-bit integers" if int4 else str(self.store.source_dtype).replace("torch.", ""))
                      + (" with row scales" if self.store.scaled else "")}
         self._args, self._ctx, self._device = args, ctx, device
 

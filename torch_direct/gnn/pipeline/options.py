@@ -64,7 +64,7 @@ def nonneg_int(text: str) -> int:
     return v
 
 
-FEATURE_DTYPES = ("stored", "fp32", "fp16", "bf16", "fp8")
+FEATURE_DTYPES = ("stored", "fp32", "fp16", "bf16", "fp8", "int4")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,8 +120,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how the feature table is held: stored = as the data set stores it; fp32, fp16, bf16 = "
                         "converted once at load; fp8 = float8 e4m3 with a float32 scale per row "
                         "(torch_direct.quantize_rows_fp8: half of fp16's bytes, so twice the rows fit in "
-                        "--cache-mb), upcast and scaled in the gather kernel. Rows reach the model as "
-                        "float32 either way (default: %(default)s)")
+                        "--cache-mb), upcast and scaled in the gather kernel; int4 = 4-bit integers, two a "
+                        "byte, with a float32 scale per row (torch_direct.quantize_rows_int4: half of fp8's "
+                        "bytes, a larger rounding error), gathered as bytes and unpacked on the device. Rows "
+                        "reach the model as float32 either way (default: %(default)s)")
     p.add_argument("--device", default=None,
                    help="cuda[:k] or cpu (default: cuda when a usable GPU is present, else cpu)")
     p.add_argument("--sampler", choices=("auto", "cpu", "gpu"), default="auto",

@@ -1,0 +1,190 @@
+"""Feature tables with fewer bytes a row: what both quantizers refuse, and 4-bit rows
+(quantize_rows_int4, dequantize_rows_int4 and their store). The float8 rows' gathers are in
+test_gather.py."""
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+import torch_direct
+from common import requires_gpu
+from torch_direct.gnn.pipeline import KINDS, make_feature_store
+from torch_direct.gnn.pipeline.packed import Int4FeatureStore, make_int4_store
+
+
+def reference(x: torch.Tensor):
+    """The 4-bit rows of x as floats, written out value by value: scale = max|row| / 7 (1 for a
+    row of zeros), each value rounded to the nearest multiple of it (ties to even)."""
+    out = torch.empty_like(x, dtype=torch.float32)
+    scales = torch.empty(x.shape[0])
+    for i, row in enumerate(x.float()):
+        m = float(row.abs().max())
+        s = torch.tensor(m / 7 if m > 0 else 1.0, dtype=torch.float32)
+        scales[i] = s
+        out[i] = torch.round(row / s).clamp(-7, 7) * s
+    return out, scales
+
+
+class TestQuantize(TestCase):
+    def test_layout_two_values_a_byte(self):
+        # row 0: scale 1, values 7, -7, 0, 3.5 (ties to even: 4) -> nibbles 15, 1, 8, 12;
+        # the even column in the low four bits. Row 1 is zeros: scale 1, every nibble 8.
+        x = torch.tensor([[7.0, -7.0, 0.0, 3.5], [0.0, 0.0, 0.0, 0.0]])
+        q, scale = torch_direct.quantize_rows_int4(x, compute="cpu")
+        self.assertEqual(q.dtype, torch.uint8)
+        self.assertEqual(q.tolist(), [[15 | 1 << 4, 8 | 12 << 4], [8 | 8 << 4, 8 | 8 << 4]])
+        self.assertEqual(scale.tolist(), [1.0, 1.0])
+        self.assertEqual(torch_direct.dequantize_rows_int4(q, scale),
+                         torch.tensor([[7.0, -7.0, 0.0, 4.0], [0.0] * 4]), atol=0, rtol=0)
+
+    def test_round_trip_is_within_half_a_step(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(300, 16, generator=g) * torch.logspace(-3, 3, 300).unsqueeze(1)
+        q, scale = torch_direct.quantize_rows_int4(x, compute="cpu")
+        self.assertEqual(q.shape, (300, 8))
+        y = torch_direct.dequantize_rows_int4(q, scale)
+        want, want_scale = reference(x)
+        self.assertEqual(scale, want_scale, atol=0, rtol=0)
+        self.assertEqual(y, want, atol=0, rtol=0)
+        self.assertTrue(bool(((y - x).abs() <= scale.unsqueeze(1) / 2 * (1 + 1e-6)).all()))
+        # each row's largest magnitude is kept exactly (it is 7 steps)
+        self.assertEqual(y.abs().amax(1), x.abs().amax(1), atol=1e-6, rtol=1e-6)
+        for dtype in (torch.float16, torch.bfloat16):
+            self.assertEqual(torch_direct.dequantize_rows_int4(q, scale, dtype), y.to(dtype), atol=0, rtol=0)
+
+    def test_chunks_sources_and_progress_do_not_change_the_result(self):
+        x = torch.randn(50, 6)
+        q, scale = torch_direct.quantize_rows_int4(x, compute="cpu")
+        q7, s7 = torch_direct.quantize_rows_int4(x, compute="cpu", chunk_rows=7)
+        self.assertEqual((q7, s7), (q, scale), atol=0, rtol=0)
+        qu, su = torch_direct.quantize_rows_int4(x.to("unified"), compute="cpu", device="unified")
+        self.assertEqual((qu.device.type, su.device.type), ("unified", "unified"))
+        self.assertEqual(torch_direct.cpu_alias(qu), q, atol=0, rtol=0)
+        self.assertEqual(torch_direct.cpu_alias(su), scale, atol=0, rtol=0)
+        seen = []
+        qh, _ = torch_direct.quantize_rows_int4(x.half(), compute="cpu", chunk_rows=20, progress=seen.append)
+        self.assertEqual(seen, [20, 40, 50])
+        self.assertEqual(qh, torch_direct.quantize_rows_int4(x.half().float(), compute="cpu")[0], atol=0, rtol=0)
+
+    def test_bad_input_is_refused(self):
+        for quantize in (torch_direct.quantize_rows_fp8, torch_direct.quantize_rows_int4):
+            name = quantize.__name__
+            for bad in (torch.ones(3, 2, dtype=torch.int32), torch.ones(4), [[1.0, 2.0]]):
+                with self.assertRaisesRegex(TypeError, f"{name}: x must be a 2-D floating"):
+                    quantize(bad)
+            for chunk in (0, -1, True, 2.0):
+                with self.assertRaisesRegex(ValueError, f"{name}: chunk_rows"):
+                    quantize(torch.ones(2, 2), chunk_rows=chunk)
+            with self.assertRaisesRegex(ValueError, f"{name}: compute must be"):
+                quantize(torch.ones(2, 2), compute="meta")
+            x = torch.ones(20, 4)
+            x[13, 1] = float("nan")
+            with self.assertRaisesRegex(ValueError, f"{name}: row 13 holds a non-finite value"):
+                quantize(x, compute="cpu", chunk_rows=8)
+            x[13, 1] = float("inf")
+            with self.assertRaisesRegex(ValueError, "row 13"):
+                quantize(x, compute="cpu", chunk_rows=8)
+        with self.assertRaisesRegex(ValueError, "even number of values, got 3"):
+            torch_direct.quantize_rows_int4(torch.ones(2, 3))
+        q, scale = torch_direct.quantize_rows_int4(torch.ones(5, 4), compute="cpu")
+        with self.assertRaisesRegex(TypeError, "2-D uint8"):
+            torch_direct.dequantize_rows_int4(q.float(), scale)
+        with self.assertRaisesRegex(ValueError, "one entry per row"):
+            torch_direct.dequantize_rows_int4(q, scale[:4])
+        with self.assertRaisesRegex(ValueError, "one entry per row"):
+            torch_direct.dequantize_rows_int4(q, scale.double())
+        with self.assertRaisesRegex(TypeError, "float32, float16 or bfloat16"):
+            torch_direct.dequantize_rows_int4(q, scale, torch.int32)
+
+
+class TestStore(TestCase):
+    def setUp(self):
+        self.x = torch.randn(500, 12, generator=torch.Generator().manual_seed(1))
+        self.q, self.scale = torch_direct.quantize_rows_int4(self.x, compute="cpu")
+        self.idx = torch.tensor([450, 3, 499, 400, 399, 0, 450])
+        self.want = torch_direct.dequantize_rows_int4(self.q[self.idx], self.scale[self.idx])
+
+    def test_every_kind_gives_the_unpacked_rows(self):
+        for kind in KINDS:
+            for dtype in (None, torch.bfloat16):
+                store = make_int4_store(kind, self.q, self.scale, "cpu", dtype)
+                self.assertIsInstance(store, Int4FeatureStore)
+                self.assertEqual((store.kind, store.dim, store.row_bytes, store.dtype),
+                                 (kind, 12, 6 + 4, dtype or torch.float32))
+                for i in (self.idx, self.idx.int()):
+                    self.assertEqual(store.gather(i), self.want.to(dtype or torch.float32), atol=0, rtol=0, msg=kind)
+                self.assertEqual(store.gather(torch.tensor([], dtype=torch.long)).shape, (0, 12))
+                with self.assertRaises(IndexError):
+                    store.gather(torch.tensor([500]))
+                self.assertEqual(store.stats()["feature_bits"], 4)
+
+    def test_a_cache_counts_each_rows_scale(self):
+        # 100 rows of 6 packed bytes and a 4-byte scale: 1,000 bytes hold 100 rows, 999 hold 99
+        degree = torch.arange(500)
+        for kind in ("unified", "cpu_centric"):
+            for budget, rows in ((1000, 100), (999, 99)):
+                store = make_int4_store(kind, self.q, self.scale, "cpu", cache_bytes=budget, degree=degree)
+                self.assertEqual(store.packed.cache_rows, rows)
+                self.assertEqual(store.packed.cache.dtype, torch.uint8)
+                self.assertEqual(store.gather(self.idx), self.want, atol=0, rtol=0, msg=kind)
+                # the hottest rows, 400 or 401 up: 450, 499, 450 and (with 100 rows) 400 hit
+                self.assertEqual(store.stats()["cache_hit_rate"], (4 if rows == 100 else 3) / 7)
+        with self.assertRaisesRegex(ValueError, "holds no row of 10 bytes"):
+            make_int4_store("unified", self.q, self.scale, "cpu", cache_bytes=9, degree=degree)
+
+    def test_bad_stores_and_scales_are_refused(self):
+        with self.assertRaisesRegex(TypeError, "2-D uint8 table"):
+            make_int4_store("unified", self.x, self.scale, "cpu")
+        with self.assertRaisesRegex(ValueError, "one entry per row"):
+            make_int4_store("unified", self.q, self.scale[:10], "cpu")
+        with self.assertRaisesRegex(TypeError, "bytes as they are"):
+            Int4FeatureStore(make_feature_store("unified", self.x, "cpu"), self.scale)
+        with self.assertRaisesRegex(TypeError, "bytes as they are"):
+            Int4FeatureStore(make_feature_store("unified", self.q, "cpu", torch.float32), self.scale)
+        with self.assertRaisesRegex(TypeError, "float32, float16 or bfloat16"):
+            make_int4_store("cpu_centric", self.q, self.scale, "cpu", torch.int64)
+
+    @requires_gpu
+    def test_gpu_stores_give_the_unpacked_rows(self):
+        degree = torch.arange(500)
+        want = self.want.to(torch.bfloat16).cuda()
+        stores = [make_int4_store("unified", self.q, self.scale, "cuda", torch.bfloat16),
+                  make_int4_store("unified", self.q, self.scale, "cuda", torch.bfloat16, cpu_threads=2, cpu_share=1.0),
+                  make_int4_store("unified", self.q, self.scale, "cuda", torch.bfloat16, cache_bytes=1000,
+                                  degree=degree),
+                  make_int4_store("unified", self.q, self.scale, "cuda", torch.bfloat16, cache_bytes=1000,
+                                  degree=degree, cpu_threads=2, cpu_share=1.0),
+                  make_int4_store("gpu_resident", self.q, self.scale, "cuda", torch.bfloat16)]
+        for store in stores:
+            for i in (self.idx, self.idx.cuda()):
+                got = store.gather(i)
+                self.assertEqual(got.device.type, "cuda")
+                self.assertEqual(got, want, atol=0, rtol=0, msg=repr(store.packed))
+
+
+class TestTrain(TestCase):
+    def test_the_three_pipelines_agree_and_the_record_names_the_format(self):
+        from torch_direct.__main__ import main
+        with tempfile.TemporaryDirectory() as root:
+            recs = {}
+            for kind in ("unified", "cpu_centric", "gpu_resident"):
+                path = os.path.join(root, f"{kind}.json")
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                    rc = main(["train", "--dataset", "tiny", "--root", root, "--epochs", "2", "--device", "cpu",
+                               "--pipeline", kind, "--feature-dtype", "int4", "--no-progress", "--json", path])
+                self.assertEqual(rc, 0, out.getvalue())
+                recs[kind] = json.load(open(path))
+                self.assertEqual(recs[kind]["feature_dtype"], "4-bit integers with row scales")
+                self.assertIn("features as 4-bit integers", out.getvalue())
+                self.assertIn("features held as 4-bit integers", out.getvalue())
+            self.assertEqual(len({(r["epochs"][-1]["loss"], r["test_acc"]) for r in recs.values()}), 1, msg=str(recs))
+
+
+if __name__ == "__main__":
+    run_tests()

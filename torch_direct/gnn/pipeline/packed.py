@@ -1,0 +1,91 @@
+"""A feature store over a table of 4-bit rows (``torch_direct.quantize_rows_int4``).
+
+The packed table is an ordinary ``uint8`` table, so any store reads it as it reads any other:
+the unified store's gather (its hybrid CPU share too), the CPU-centric and all-in-GPU stores,
+a GPU cache of hot rows. :class:`Int4FeatureStore` wraps such a store of the packed bytes and
+unpacks and scales each gathered batch of rows on the device they landed on.
+
+    >>> q, scale = torch_direct.quantize_rows_int4(x)
+    >>> store = make_int4_store("unified", q, scale, "cuda", torch.bfloat16, cache_bytes=1 << 30,
+    ...                         degree=access_frequency(ds.graph, fanout=5))
+    >>> rows = store.gather(n_id)   # [len(n_id), 2 * q.shape[1]] bfloat16 on cuda
+"""
+from __future__ import annotations
+
+import torch
+
+import torch_direct
+
+from .features import FeatureStore, make_feature_store
+
+INT4_ROW_SCALE_BYTES = 4   # each row's float32 scale, held on the store's device
+
+
+class Int4FeatureStore(FeatureStore):
+    """Rows of a 4-bit table: ``packed`` (a store over the ``uint8`` table, cached or not,
+    returning the bytes as they are) gathers them, this store unpacks them and multiplies them
+    by their rows' ``scale`` (one float32 a row, copied to the store's device once) as
+    ``dtype`` (float32, float16 or bfloat16; default float32)."""
+
+    def __init__(self, packed: FeatureStore, scale: torch.Tensor, dtype: torch.dtype | None = None):
+        if not isinstance(packed, FeatureStore):
+            raise TypeError(f"Int4FeatureStore: packed must be a FeatureStore, got {type(packed).__name__}")
+        if packed.source_dtype != torch.uint8 or packed.dtype != torch.uint8:
+            raise TypeError(f"Int4FeatureStore: packed must return the uint8 table's bytes as they are, got "
+                            f"{packed.source_dtype} -> {packed.dtype}")
+        dtype = torch.float32 if dtype is None else dtype
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"Int4FeatureStore: rows are read as float32, float16 or bfloat16, not {dtype}")
+        if (not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.dim() != 1
+                or scale.shape[0] != packed.num_rows):
+            raise ValueError(f"Int4FeatureStore: scale must be a 1-D float32 tensor with one entry per row "
+                             f"({packed.num_rows}), got "
+                             + (f"{scale.dtype} of shape {tuple(scale.shape)}" if isinstance(scale, torch.Tensor)
+                                else type(scale).__name__))
+        self.packed = packed
+        self.kind = packed.kind
+        self.device, self.num_rows, self.dim = packed.device, packed.num_rows, 2 * packed.dim
+        self.source_dtype, self.dtype, self.scaled, self.bits = torch.uint8, dtype, True, 4
+        host = torch_direct.cpu_alias(scale) if scale.device.type == "unified" else scale
+        self.scale = host.to(self.device) if host.device != self.device else host
+        self.parts = packed.parts   # the packed store's gathers are this store's
+
+    @property
+    def row_bytes(self) -> int:
+        return self.packed.row_bytes + INT4_ROW_SCALE_BYTES
+
+    @property
+    def table(self) -> torch.Tensor:
+        return self.packed.table
+
+    def read(self, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+        rows = self.packed.read(idx, device)
+        scale = self.scale if self.scale.device == rows.device else self.scale.to(rows.device)
+        return torch_direct.dequantize_rows_int4(
+            rows, scale.index_select(0, idx.to(rows.device, non_blocking=True)), self.dtype)
+
+    def stats(self) -> dict:
+        return {**self.packed.stats(), "feature_bits": 4}
+
+
+def make_int4_store(kind: str, q: torch.Tensor, scale: torch.Tensor, device, dtype=None, *, cache_bytes: int = 0,
+                    degree=None, **kw) -> Int4FeatureStore:
+    """:func:`make_feature_store` for a 4-bit table ``q`` with its row ``scale``
+    (``torch_direct.quantize_rows_int4``). A cache of ``cache_bytes`` counts each row's scale
+    with it, as a float8 table's cache does: it holds ``cache_bytes // (dim / 2 + 4)`` rows.
+    Other keywords (``pin_inplace``, ``max_sms``, ``cpu_threads``, ``cpu_share``) go to the
+    store of the packed bytes."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 2 or q.dtype != torch.uint8:
+        raise TypeError("make_int4_store: q must be the 2-D uint8 table of quantize_rows_int4, got "
+                        + (f"{q.dtype} of shape {tuple(q.shape)}" if isinstance(q, torch.Tensor) else type(q).__name__))
+    if isinstance(cache_bytes, int) and not isinstance(cache_bytes, bool) and cache_bytes > 0:
+        per_row = q.shape[1] + INT4_ROW_SCALE_BYTES
+        cache_bytes = (cache_bytes // per_row) * q.shape[1]
+        if cache_bytes == 0:
+            raise ValueError(f"make_int4_store: cache_bytes holds no row of {per_row} bytes (the packed row and its scale)")
+    # the scale is checked before the packed store copies the table (gigabytes, maybe)
+    if (not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.dim() != 1
+            or scale.shape[0] != q.shape[0]):
+        raise ValueError(f"make_int4_store: scale must be a 1-D float32 tensor with one entry per row ({q.shape[0]})")
+    packed = make_feature_store(kind, q, device, torch.uint8, cache_bytes=cache_bytes, degree=degree, **kw)
+    return Int4FeatureStore(packed, scale, dtype)
