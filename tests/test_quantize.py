@@ -13,7 +13,7 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct
 from common import requires_gpu
-from torch_direct.gnn.pipeline import KINDS, make_feature_store
+from torch_direct.gnn.pipeline import KINDS, _features, make_feature_store
 from torch_direct.gnn.pipeline.packed import Int4FeatureStore, make_int4_store
 
 
@@ -100,6 +100,54 @@ class TestQuantize(TestCase):
             torch_direct.dequantize_rows_int4(q, scale.double())
         with self.assertRaisesRegex(TypeError, "float32, float16 or bfloat16"):
             torch_direct.dequantize_rows_int4(q, scale, torch.int32)
+
+
+class TestUnpack(TestCase):
+    """_features.unpack_int4: the stores' one pass over gathered bytes."""
+
+    def setUp(self):
+        self.q, self.scale = torch_direct.quantize_rows_int4(torch.randn(40, 10) * 3, compute="cpu")
+
+    def unpack(self, rows, scale, index, dtype=torch.float32, device="cpu"):
+        out = torch.full((rows.shape[0], 2 * rows.shape[1]), float("nan"), dtype=dtype, device=device)
+        return _features.unpack_int4(rows, scale, index, out)
+
+    def check(self, device):
+        idx = torch.tensor([39, 0, 7, 7, 21])
+        for index in (idx, idx.int()):
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                want = torch_direct.dequantize_rows_int4(self.q[idx], self.scale[idx], dtype)
+                got = self.unpack(self.q[idx].to(device), self.scale.to(device), index.to(device), dtype, device)
+                self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=str((device, index.dtype, dtype)))
+        # a row whose index lies outside the scales is written as zeros, the others as usual
+        got = self.unpack(self.q[1:4].to(device), self.scale.to(device), torch.tensor([1, 40, -1], device=device),
+                          device=device).cpu()
+        self.assertEqual(got[0], torch_direct.dequantize_rows_int4(self.q[1:2], self.scale[1:2])[0], atol=0, rtol=0)
+        self.assertEqual(got[1:], torch.zeros(2, 10), atol=0, rtol=0)
+        empty = self.unpack(self.q[:0].to(device), self.scale.to(device), torch.zeros(0, dtype=torch.long, device=device),
+                            device=device)
+        self.assertEqual(empty.shape, (0, 10))
+
+    def test_matches_the_aten_arithmetic_on_the_cpu(self):
+        self.check("cpu")
+
+    @requires_gpu
+    def test_matches_the_aten_arithmetic_on_the_gpu(self):
+        self.check("cuda")
+
+    def test_bad_arguments_are_refused(self):
+        rows, idx = self.q[:4], torch.arange(4)   # 4 rows of 5 bytes: 10 values each
+        out = torch.full((4, 10), float("nan"))
+        for args, msg in (((rows.float(), self.scale, idx, out), "rows must be a contiguous 2-D uint8"),
+                          ((self.q[:4, ::2], self.scale, idx, torch.empty(4, 6)), "rows must be a contiguous"),
+                          ((rows, self.scale.double(), idx, out), "scale must be a contiguous 1-D float32"),
+                          ((rows, self.scale, idx[:3], out), "index must be a contiguous 1-D int32/int64 tensor of 4"),
+                          ((rows, self.scale, idx.float(), out), "index must be"),
+                          ((rows, self.scale, idx, torch.empty(4, 20)), r"out must be a contiguous \[4, 10\]"),
+                          ((rows, self.scale, idx, torch.empty(4, 10, dtype=torch.float64)), "out must be float32")):
+            with self.assertRaisesRegex(RuntimeError, "unpack_int4: " + msg):
+                _features.unpack_int4(*args)
+        self.assertTrue(bool(out.isnan().all()))   # a refused call writes nothing
 
 
 class TestStore(TestCase):

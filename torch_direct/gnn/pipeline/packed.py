@@ -3,7 +3,8 @@
 The packed table is an ordinary ``uint8`` table, so any store reads it as it reads any other:
 the unified store's gather (its hybrid CPU share too), the CPU-centric and all-in-GPU stores,
 a GPU cache of hot rows. :class:`Int4FeatureStore` wraps such a store of the packed bytes and
-unpacks and scales each gathered batch of rows on the device they landed on.
+unpacks and scales each gathered batch of rows on the device they landed on, in one pass
+(``_features.unpack_int4``, csrc/features/Int4Unpack.h: a kernel on a GPU).
 
     >>> q, scale = torch_direct.quantize_rows_int4(x)
     >>> store = make_int4_store("unified", q, scale, "cuda", torch.bfloat16, cache_bytes=1 << 30,
@@ -16,6 +17,7 @@ import torch
 
 import torch_direct
 
+from . import _features
 from .features import FeatureStore, make_feature_store
 
 INT4_ROW_SCALE_BYTES = 4   # each row's float32 scale, held on the store's device
@@ -59,10 +61,12 @@ class Int4FeatureStore(FeatureStore):
         return self.packed.table
 
     def read(self, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
-        rows = self.packed.read(idx, device)
+        rows = self.packed.read(idx, device).contiguous()
         scale = self.scale if self.scale.device == rows.device else self.scale.to(rows.device)
-        return torch_direct.dequantize_rows_int4(
-            rows, scale.index_select(0, idx.to(rows.device, non_blocking=True)), self.dtype)
+        out = torch.empty((rows.shape[0], self.dim), dtype=self.dtype, device=rows.device)
+        # one pass: each byte's two values, times the scale its row's index names
+        # (torch_direct.dequantize_rows_int4's arithmetic, bit for bit)
+        return _features.unpack_int4(rows, scale, idx.to(rows.device, non_blocking=True).contiguous(), out)
 
     def stats(self) -> dict:
         return {**self.packed.stats(), "feature_bits": 4}
