@@ -171,19 +171,19 @@ class TestStore(TestCase):
                     store.gather(torch.tensor([500]))
                 self.assertEqual(store.stats()["feature_bits"], 4)
 
-    def test_a_cache_counts_each_rows_scale(self):
-        # 100 rows of 6 packed bytes and a 4-byte scale: 1,000 bytes hold 100 rows, 999 hold 99
+    def test_a_cache_holds_packed_rows_beside_every_rows_scale(self):
+        # 100 rows of 6 packed bytes: 600 bytes hold 100 rows, 599 hold 99; the scales of all
+        # 500 rows sit beside the cache, on the store's device
         degree = torch.arange(500)
         for kind in ("unified", "cpu_centric"):
-            for budget, rows in ((1000, 100), (999, 99)):
+            for budget, rows in ((600, 100), (599, 99)):
                 store = make_int4_store(kind, self.q, self.scale, "cpu", cache_bytes=budget, degree=degree)
                 self.assertEqual(store.packed.cache_rows, rows)
                 self.assertEqual(store.packed.cache.dtype, torch.uint8)
+                self.assertEqual(store.scale.shape, (500,))
                 self.assertEqual(store.gather(self.idx), self.want, atol=0, rtol=0, msg=kind)
                 # the hottest rows, 400 or 401 up: 450, 499, 450 and (with 100 rows) 400 hit
                 self.assertEqual(store.stats()["cache_hit_rate"], (4 if rows == 100 else 3) / 7)
-        with self.assertRaisesRegex(ValueError, "holds no row of 10 bytes"):
-            make_int4_store("unified", self.q, self.scale, "cpu", cache_bytes=9, degree=degree)
 
     def test_bad_stores_and_scales_are_refused(self):
         with self.assertRaisesRegex(TypeError, "2-D uint8 table"):

@@ -20,7 +20,7 @@ import torch_direct
 from . import _features
 from .features import FeatureStore, make_feature_store
 
-INT4_ROW_SCALE_BYTES = 4   # each row's float32 scale, held on the store's device
+INT4_ROW_SCALE_BYTES = 4   # each row's float32 scale, held on the store's device for every row
 
 
 class Int4FeatureStore(FeatureStore):
@@ -75,18 +75,14 @@ class Int4FeatureStore(FeatureStore):
 def make_int4_store(kind: str, q: torch.Tensor, scale: torch.Tensor, device, dtype=None, *, cache_bytes: int = 0,
                     degree=None, **kw) -> Int4FeatureStore:
     """:func:`make_feature_store` for a 4-bit table ``q`` with its row ``scale``
-    (``torch_direct.quantize_rows_int4``). A cache of ``cache_bytes`` counts each row's scale
-    with it, as a float8 table's cache does: it holds ``cache_bytes // (dim / 2 + 4)`` rows.
-    Other keywords (``pin_inplace``, ``max_sms``, ``cpu_threads``, ``cpu_share``) go to the
-    store of the packed bytes."""
+    (``torch_direct.quantize_rows_int4``). A cache of ``cache_bytes`` holds packed rows only,
+    ``cache_bytes // (dim / 2)`` of them: every row's scale sits in the store's device memory
+    beside it (4 bytes a row, read through the index as each batch is unpacked). Other keywords
+    (``pin_inplace``, ``max_sms``, ``cpu_threads``, ``cpu_share``) go to the store of the packed
+    bytes."""
     if not isinstance(q, torch.Tensor) or q.dim() != 2 or q.dtype != torch.uint8:
         raise TypeError("make_int4_store: q must be the 2-D uint8 table of quantize_rows_int4, got "
                         + (f"{q.dtype} of shape {tuple(q.shape)}" if isinstance(q, torch.Tensor) else type(q).__name__))
-    if isinstance(cache_bytes, int) and not isinstance(cache_bytes, bool) and cache_bytes > 0:
-        per_row = q.shape[1] + INT4_ROW_SCALE_BYTES
-        cache_bytes = (cache_bytes // per_row) * q.shape[1]
-        if cache_bytes == 0:
-            raise ValueError(f"make_int4_store: cache_bytes holds no row of {per_row} bytes (the packed row and its scale)")
     # the scale is checked before the packed store copies the table (gigabytes, maybe)
     if (not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.dim() != 1
             or scale.shape[0] != q.shape[0]):
