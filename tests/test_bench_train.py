@@ -333,17 +333,22 @@ class TestRepeats(_Tiny):
         self.assertTrue(t["unified epoch seconds (papers100M-like)"]["met"])
         self.assertFalse(t["gpu_resident epoch seconds (papers100M-like)"]["met"])
         self.assertEqual(t["gpu_resident epoch seconds (papers100M-like)"]["want"], "<= 2.5")
-        # unified's figure counts as features in host memory only while its GPU cache holds at
-        # most half the table (papers100M-like's target): beyond that no target involving
-        # unified is met, and each says why
-        for share, met in ((0.5, True), (0.97, False)):
-            rec["rows"][0]["feature_store"] = {"kind": "unified", "cache_rows": 97, "cached_share": share}
+        # unified's figure counts as features in host memory only while the GPU holds at most
+        # half the table's bytes (papers100M-like's target), its cache and the row scales kept
+        # there together (device_share; a record without it: the cache's share of the rows):
+        # beyond that no target involving unified is met, and each says why
+        for store, met in (({"cached_share": 0.5}, True), ({"cached_share": 0.97}, False),
+                           ({"cached_share": 0.49997, "device_share": 0.530}, False),
+                           ({"cached_share": 0.47, "device_share": 0.4999}, True)):
+            rec["rows"][0]["feature_store"] = {"kind": "unified", "cache_rows": 97, **store}
             rec["ratios"] = {"gpu_resident_vs_unified": 1.05}
             add_targets(rec)
             t = {x["name"].split(" (")[0]: x for x in rec["targets"]}
             self.assertEqual((t["unified epoch seconds"]["met"], t["gpu_resident_vs_unified"]["met"]), (met, met))
             self.assertFalse(t["gpu_resident epoch seconds"]["met"])          # 2.6 s either way
-            self.assertEqual("cache held 97% of the table" in t["unified epoch seconds"]["name"], not met)
+            held = f"held {store.get('device_share', store['cached_share']):.1%} of the table's bytes in GPU memory"
+            self.assertEqual(held in t["unified epoch seconds"]["name"], not met)
+        del rec["rows"][0]["feature_store"]["device_share"]
         # elsewhere (products-like) any cache short of the whole table: with all of it, no row
         # is read from host memory and the ratios say nothing of unified
         rec["args"]["dataset"] = "products-like"

@@ -150,6 +150,10 @@ class TestFeatureStores(TestCase):
             self.assertEqual((store.cache_rows, store.cache.dtype), (100, torch.float8_e4m3fn))
             self.assertEqual(store.gather(idx), want, atol=0, rtol=0, msg=kind)
             self.assertEqual(store.stats()["cache_hit_rate"], 4 / 7)
+            # of the table's 500 * 16 bytes the cache holds 100 rows and their scales; on the CPU
+            # the stores copy no scales of their own
+            self.assertEqual((store.table_bytes, store.device_bytes), (8000, 1600))
+            self.assertEqual(store.stats()["device_share"], 0.2)
         with self.assertRaisesRegex(ValueError, "per-row scale"):
             make_feature_store("unified", q, "cpu")
         with self.assertRaisesRegex(TypeError, "float8_e4m3fn table"):

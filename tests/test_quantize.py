@@ -184,6 +184,9 @@ class TestStore(TestCase):
                 self.assertEqual(store.gather(self.idx), self.want, atol=0, rtol=0, msg=kind)
                 # the hottest rows, 400 or 401 up: 450, 499, 450 and (with 100 rows) 400 hit
                 self.assertEqual(store.stats()["cache_hit_rate"], (4 if rows == 100 else 3) / 7)
+                # of the table's 500 * (6 + 4) bytes, the cache's packed rows (the scales stay
+                # where they are on the CPU)
+                self.assertEqual(store.stats()["device_share"], rows * 6 / 5000)
 
     def test_bad_stores_and_scales_are_refused(self):
         with self.assertRaisesRegex(TypeError, "2-D uint8 table"):
@@ -213,6 +216,9 @@ class TestStore(TestCase):
                 got = store.gather(i)
                 self.assertEqual(got.device.type, "cuda")
                 self.assertEqual(got, want, atol=0, rtol=0, msg=repr(store.packed))
+        # on the GPU: every row's scale (500 * 4 bytes) besides what each store copied there
+        shares = [s.stats()["device_share"] for s in stores]
+        self.assertEqual(shares, [2000 / 5000, 2000 / 5000, (166 * 6 + 2000) / 5000, (166 * 6 + 2000) / 5000, 1.0])
 
 
 class TestTrain(TestCase):

@@ -125,6 +125,12 @@ class CachedFeatureStore(FeatureStore):
     def row_bytes(self) -> int:
         return self.store.row_bytes
 
+    @property
+    def device_bytes(self) -> int:
+        """The cache (its rows' scales too) and what the store it wraps copied to the device."""
+        held = sum(t.numel() * t.element_size() for t in (self.cache, self.cache_scale) if t is not None)
+        return held + self.store.device_bytes
+
     def read(self, idx, device):
         if self.cache is None or device != self.device:
             return self.store.read(idx, device)
@@ -195,7 +201,8 @@ class CachedFeatureStore(FeatureStore):
                                  f"(or past its cache); they were written as zeros")
         s = self.store.stats()
         s["cache_rows"] = self.cache_rows
-        s["cached_share"] = self.cache_rows / self.num_rows if self.num_rows else 0.0  # of the table's bytes
+        s["cached_share"] = self.cache_rows / self.num_rows if self.num_rows else 0.0  # of the table's rows
+        s["device_share"] = self.device_bytes / self.table_bytes if self.table_bytes else 0.0
         if self.cache is not None:
             s["cache_hit_rate"] = self.hits / self.lookups if self.lookups else 0.0
         return s

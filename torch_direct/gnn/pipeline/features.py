@@ -182,8 +182,21 @@ class FeatureStore:
     def read(self, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
         raise NotImplementedError
 
+    @property
+    def table_bytes(self) -> int:
+        """Bytes of the whole table, its scales included."""
+        return self.num_rows * self.row_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes of the table's data this store copied into its device's memory (a cache, the
+        row scales, a whole table): what a GPU holds of it. 0 here: the table stays where it is."""
+        return 0
+
     def stats(self) -> dict:
-        return {"kind": self.kind, "cache_rows": 0}
+        # device_share: of the table's bytes, the share held in the device's memory
+        return {"kind": self.kind, "cache_rows": 0,
+                "device_share": self.device_bytes / self.table_bytes if self.table_bytes else 0.0}
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(rows={self.num_rows}, dim={self.dim}, {self.source_dtype}"
@@ -282,6 +295,10 @@ class UnifiedFeatureStore(FeatureStore):
                                        order="as_is", index_bounds=(0, got.shape[0] - 1) if self.known_bounds else None)
         return rows.view(*idx.shape, *rows.shape[1:])
 
+    @property
+    def device_bytes(self) -> int:
+        return 0 if self.scale is None or self.scale is self.scale_host else self.scale.numel() * 4
+
     def stats(self) -> dict:
         s = super().stats()
         if self.max_sms is not None:
@@ -333,8 +350,13 @@ class GPUResidentFeatureStore(FeatureStore):
             x = torch_direct.cpu_alias(x)
         self.table = x.to(self.device)          # in its own dtype: rows are cast as gathered
         self.scale = None if scale is None else _host(scale).to(self.device)
+        self._copied = self.device.type != "cpu"   # on the CPU .to() kept the tensors themselves
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)   # gathers on side streams read the table
+
+    @property
+    def device_bytes(self) -> int:
+        return self.table_bytes if self._copied else 0
 
     def read(self, idx, device):
         if device != self.device:

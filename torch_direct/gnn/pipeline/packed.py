@@ -50,6 +50,7 @@ class Int4FeatureStore(FeatureStore):
         self.source_dtype, self.dtype, self.scaled, self.bits = torch.uint8, dtype, True, 4
         host = torch_direct.cpu_alias(scale) if scale.device.type == "unified" else scale
         self.scale = host.to(self.device) if host.device != self.device else host
+        self._scale_copied = self.scale is not host
         self.parts = packed.parts   # the packed store's gathers are this store's
 
     @property
@@ -68,8 +69,13 @@ class Int4FeatureStore(FeatureStore):
         # (torch_direct.dequantize_rows_int4's arithmetic, bit for bit)
         return _features.unpack_int4(rows, scale, idx.to(rows.device, non_blocking=True).contiguous(), out)
 
+    @property
+    def device_bytes(self) -> int:
+        return self.packed.device_bytes + (self.scale.numel() * 4 if self._scale_copied else 0)
+
     def stats(self) -> dict:
-        return {**self.packed.stats(), "feature_bits": 4}
+        return {**self.packed.stats(), "feature_bits": 4,
+                "device_share": self.device_bytes / self.table_bytes if self.table_bytes else 0.0}
 
 
 def make_int4_store(kind: str, q: torch.Tensor, scale: torch.Tensor, device, dtype=None, *, cache_bytes: int = 0,
