@@ -15,11 +15,10 @@ from __future__ import annotations
 import torch
 
 from . import _C
+from ._gather import _CASTABLE, FP8
 
-FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)   # 448
 INT4_MAX = 7   # the largest magnitude a 4-bit value takes: symmetric, so zero is exact
-_CAST = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _quantize(who: str, x, encode, q_cols: int, q_dtype, limit: float, device, compute, chunk_rows, progress):
@@ -56,6 +55,14 @@ def _quantize(who: str, x, encode, q_cols: int, q_dtype, limit: float, device, c
     if on_gpu:
         torch.cuda.synchronize(compute)
     return q, scale
+
+
+def _check_row_scale(scale, rows: int, who: str) -> None:
+    """Refuse anything but a 1-D float32 tensor of ``rows`` entries as a table's row scales."""
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.dim() != 1 or scale.shape[0] != rows:
+        raise ValueError(f"{who}: scale must be a 1-D float32 tensor with one entry per row ({rows}), got "
+                         + (f"{scale.dtype} of shape {tuple(scale.shape)}" if isinstance(scale, torch.Tensor)
+                            else type(scale).__name__))
 
 
 def _check_x(x, who: str) -> None:
@@ -118,15 +125,10 @@ def dequantize_rows_int4(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtyp
         raise TypeError("dequantize_rows_int4: q must be a 2-D uint8 tensor of packed rows (quantize_rows_int4), got "
                         + (f"{q.dtype} of shape {tuple(q.shape)}" if isinstance(q, torch.Tensor)
                            else type(q).__name__))
-    if (not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.dim() != 1
-            or scale.shape[0] != q.shape[0]):
-        raise ValueError(f"dequantize_rows_int4: scale must be a 1-D float32 tensor with one entry per row "
-                         f"({q.shape[0]}), got "
-                         + (f"{scale.dtype} of shape {tuple(scale.shape)}" if isinstance(scale, torch.Tensor)
-                            else type(scale).__name__))
+    _check_row_scale(scale, q.shape[0], "dequantize_rows_int4")
     if scale.device != q.device:
         raise ValueError(f"dequantize_rows_int4: scale is on {scale.device}, the rows on {q.device}")
-    if dtype not in _CAST:
+    if dtype not in _CASTABLE:
         raise TypeError(f"dequantize_rows_int4: rows are read as float32, float16 or bfloat16, not {dtype}")
     nibbles = torch.stack((q & 15, q >> 4), dim=2).view(q.shape[0], 2 * q.shape[1])
     return ((nibbles.to(torch.float32) - 8) * scale.unsqueeze(1)).to(dtype)

@@ -13,14 +13,14 @@ ACC_POINTS = 0.01   # "within noise" / "within one point": one accuracy point
 # the table's bytes, its cache and the row scales kept there together (papers100M-like's target
 # says half; elsewhere a cache may hold anything short of the whole table); beyond it, the
 # speed targets involving unified are not met
-MAX_CACHED_SHARE = {"papers100M-like": 0.5}
+MAX_DEVICE_SHARE = {"papers100M-like": 0.5}
 
 
 def _cache_disqualifies(dataset: str, share: float) -> str | None:
     """Why unified's figure does not count as one with the features in host memory, the GPU
     having held ``share`` of the table's bytes (None: it counts)."""
     held = f"unified held {share:.1%} of the table's bytes in GPU memory (its cache and row scales)"
-    limit = MAX_CACHED_SHARE.get(dataset)
+    limit = MAX_DEVICE_SHARE.get(dataset)
     if limit is not None and share > limit:
         return f"{held}, more than the {limit:.0%} a features-in-host-memory figure allows"
     if share >= 1.0:
@@ -28,7 +28,7 @@ def _cache_disqualifies(dataset: str, share: float) -> str | None:
     return None
 
 
-def _cached_share(rows) -> float:
+def _device_share(rows) -> float:
     """The share of the table's bytes the unified row's GPU held: its cache and the row scales
     kept there (``device_share``; a record without it: the cache's share of the rows)."""
     for r in rows:
@@ -45,7 +45,7 @@ def add_targets(record: dict) -> None:
     targets = []
     dataset = str(record["args"].get("dataset"))
     ran = [r for r in record["rows"] if r["status"] == "ok"]
-    why = _cache_disqualifies(dataset, _cached_share(ran))
+    why = _cache_disqualifies(dataset, _device_share(ran))
     host, cached = why is None, f"; {why}"
     for key, op, want in SPEED_TARGETS:      # every one involves unified
         v = record["ratios"].get(key)

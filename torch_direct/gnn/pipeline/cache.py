@@ -202,7 +202,7 @@ class CachedFeatureStore(FeatureStore):
         s = self.store.stats()
         s["cache_rows"] = self.cache_rows
         s["cached_share"] = self.cache_rows / self.num_rows if self.num_rows else 0.0  # of the table's rows
-        s["device_share"] = self.device_bytes / self.table_bytes if self.table_bytes else 0.0
+        s["device_share"] = self.device_share
         if self.cache is not None:
             s["cache_hit_rate"] = self.hits / self.lookups if self.lookups else 0.0
         return s

@@ -105,6 +105,13 @@ def _check_index(n_id, num_rows: int) -> torch.Tensor:
     return n_id
 
 
+def check_row_scale(scale, rows: int, who: str) -> None:
+    """Refuse anything but a 1-D float32 tensor of ``rows`` entries as a table's row scales."""
+    if not (isinstance(scale, torch.Tensor) and scale.dtype == torch.float32 and tuple(scale.shape) == (rows,)):
+        got = f"{scale.dtype} of shape {tuple(scale.shape)}" if isinstance(scale, torch.Tensor) else type(scale).__name__
+        raise ValueError(f"{who}: scale must be a 1-D float32 tensor with one entry per row ({rows}), got {got}")
+
+
 def check_scale(x, scale, dtype, who: str) -> None:
     """Refuse a float8 table without its scales, or scales that do not fit the table."""
     if scale is None:
@@ -115,11 +122,7 @@ def check_scale(x, scale, dtype, who: str) -> None:
     if not isinstance(x, torch.Tensor) or x.dtype != FP8:
         raise TypeError(f"{who}: scale= goes with a float8_e4m3fn table, got "
                         f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
-    if (not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.dim() != 1
-            or scale.shape[0] != x.shape[0]):
-        raise ValueError(f"{who}: scale must be a 1-D float32 tensor with one entry per row ({x.shape[0]}), got "
-                         + (f"{scale.dtype} of shape {tuple(scale.shape)}" if isinstance(scale, torch.Tensor)
-                            else type(scale).__name__))
+    check_row_scale(scale, x.shape[0], who)
     if dtype is not None and dtype not in _OUT_DTYPES:
         raise TypeError(f"{who}: a float8 table is read as float32, float16 or bfloat16, not {dtype}")
 
@@ -183,20 +186,20 @@ class FeatureStore:
         raise NotImplementedError
 
     @property
-    def table_bytes(self) -> int:
-        """Bytes of the whole table, its scales included."""
+    def table_bytes(self) -> int:   # the whole table's, its scales included
         return self.num_rows * self.row_bytes
 
     @property
     def device_bytes(self) -> int:
-        """Bytes of the table's data this store copied into its device's memory (a cache, the
-        row scales, a whole table): what a GPU holds of it. 0 here: the table stays where it is."""
+        """Bytes of the table's data the store holds in the device's memory (a cache, row scales, a table)."""
         return 0
 
+    @property
+    def device_share(self) -> float:   # of the table's bytes, the share held in the device's memory
+        return self.device_bytes / self.table_bytes if self.table_bytes else 0.0
+
     def stats(self) -> dict:
-        # device_share: of the table's bytes, the share held in the device's memory
-        return {"kind": self.kind, "cache_rows": 0,
-                "device_share": self.device_bytes / self.table_bytes if self.table_bytes else 0.0}
+        return {"kind": self.kind, "cache_rows": 0, "device_share": self.device_share}
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(rows={self.num_rows}, dim={self.dim}, {self.source_dtype}"
@@ -350,13 +353,12 @@ class GPUResidentFeatureStore(FeatureStore):
             x = torch_direct.cpu_alias(x)
         self.table = x.to(self.device)          # in its own dtype: rows are cast as gathered
         self.scale = None if scale is None else _host(scale).to(self.device)
-        self._copied = self.device.type != "cpu"   # on the CPU .to() kept the tensors themselves
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)   # gathers on side streams read the table
 
     @property
     def device_bytes(self) -> int:
-        return self.table_bytes if self._copied else 0
+        return self.table_bytes if self.device.type == "cuda" else 0   # on the CPU .to() copied nothing
 
     def read(self, idx, device):
         if device != self.device:

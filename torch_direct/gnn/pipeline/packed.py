@@ -18,7 +18,7 @@ import torch
 import torch_direct
 
 from . import _features
-from .features import FeatureStore, make_feature_store
+from .features import FeatureStore, check_row_scale, make_feature_store
 
 INT4_ROW_SCALE_BYTES = 4   # each row's float32 scale, held on the store's device for every row
 
@@ -38,19 +38,13 @@ class Int4FeatureStore(FeatureStore):
         dtype = torch.float32 if dtype is None else dtype
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"Int4FeatureStore: rows are read as float32, float16 or bfloat16, not {dtype}")
-        if (not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.dim() != 1
-                or scale.shape[0] != packed.num_rows):
-            raise ValueError(f"Int4FeatureStore: scale must be a 1-D float32 tensor with one entry per row "
-                             f"({packed.num_rows}), got "
-                             + (f"{scale.dtype} of shape {tuple(scale.shape)}" if isinstance(scale, torch.Tensor)
-                                else type(scale).__name__))
+        check_row_scale(scale, packed.num_rows, "Int4FeatureStore")
         self.packed = packed
         self.kind = packed.kind
         self.device, self.num_rows, self.dim = packed.device, packed.num_rows, 2 * packed.dim
         self.source_dtype, self.dtype, self.scaled, self.bits = torch.uint8, dtype, True, 4
         host = torch_direct.cpu_alias(scale) if scale.device.type == "unified" else scale
         self.scale = host.to(self.device) if host.device != self.device else host
-        self._scale_copied = self.scale is not host
         self.parts = packed.parts   # the packed store's gathers are this store's
 
     @property
@@ -71,11 +65,10 @@ class Int4FeatureStore(FeatureStore):
 
     @property
     def device_bytes(self) -> int:
-        return self.packed.device_bytes + (self.scale.numel() * 4 if self._scale_copied else 0)
+        return self.packed.device_bytes + (self.scale.numel() * INT4_ROW_SCALE_BYTES if self.scale.device.type == "cuda" else 0)
 
     def stats(self) -> dict:
-        return {**self.packed.stats(), "feature_bits": 4,
-                "device_share": self.device_bytes / self.table_bytes if self.table_bytes else 0.0}
+        return {**self.packed.stats(), "feature_bits": 4, "device_share": self.device_share}
 
 
 def make_int4_store(kind: str, q: torch.Tensor, scale: torch.Tensor, device, dtype=None, *, cache_bytes: int = 0,
@@ -90,8 +83,6 @@ def make_int4_store(kind: str, q: torch.Tensor, scale: torch.Tensor, device, dty
         raise TypeError("make_int4_store: q must be the 2-D uint8 table of quantize_rows_int4, got "
                         + (f"{q.dtype} of shape {tuple(q.shape)}" if isinstance(q, torch.Tensor) else type(q).__name__))
     # the scale is checked before the packed store copies the table (gigabytes, maybe)
-    if (not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.dim() != 1
-            or scale.shape[0] != q.shape[0]):
-        raise ValueError(f"make_int4_store: scale must be a 1-D float32 tensor with one entry per row ({q.shape[0]})")
+    check_row_scale(scale, q.shape[0], "make_int4_store")
     packed = make_feature_store(kind, q, device, torch.uint8, cache_bytes=cache_bytes, degree=degree, **kw)
     return Int4FeatureStore(packed, scale, dtype)
