@@ -184,6 +184,16 @@ PAPERS_HOSTS = [(f"train_papers100M-like_variants-{tree}_h100_fp8_{u}.json",
                                      ("ee5bf6f", "w4", "gr"))]
 
 
+PAPERS_HALF = [f"train_papers100M-like_variants-88ff828_h100_fp8_{v}.json" for v in ("w4", "i4", "gr")]
+
+
+def _papers_half(r):
+    (fp8, int4, resident), accs = first_rows(r, PAPERS_HALF)
+    return (f"{s(fp8['epoch_s'], 2)} ({x(fp8['epoch_s'] / resident['epoch_s'], 2)}) / "
+            f"{s(int4['epoch_s'], 2)} ({x(int4['epoch_s'] / resident['epoch_s'], 2)}) / "
+            f"{s(resident['epoch_s'], 2)}; test accuracy {accs}")
+
+
 def _papers_hosts(r):
     pairs = [(r[u]["rows"][0], r[g]["rows"][0]) for u, g in PAPERS_HOSTS]
     accs = " / ".join(f"{row['test_acc']:.4f}" for pair in pairs for row in pair)
@@ -274,6 +284,13 @@ ROWS = [
      "random reads of the misses",
      [n for pair in PAPERS_HOSTS for n in pair],
      _papers_hosts),
+    ("papers100M-like on another **H100** machine (generated in 133 s), held to half of the table's bytes on "
+     "the GPU, the row scales counted (`device_share` 0.49995 in each record), four gathering threads of 4 CPU "
+     "threads each, one call over one relabelled copy: unified float8 with a 6,566 MiB cache (47% of the rows) / "
+     "unified 4-bit (`--feature-dtype int4`, a 3,177 MiB cache of packed rows, 47%) / all-in-GPU (float8), "
+     "each unified run against all-in-GPU",
+     PAPERS_HALF,
+     _papers_half),
 ]
 
 # Measured on the presets of generator version 1 (half of OGB's edges, labels every pipeline
