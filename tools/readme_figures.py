@@ -171,11 +171,17 @@ def _papers_margin(r):
 PAPERS_AUTO = [f"train_papers100M-like_variants-ec80a50_h100_fp8_a{v}.json" for v in ("w4", "w3", "gr")]
 
 
-def _papers_auto(r):
-    (four, three, resident), accs = first_rows(r, PAPERS_AUTO)
-    return (f"{s(four['epoch_s'], 2)} ({x(four['epoch_s'] / resident['epoch_s'], 2)}) / "
-            f"{s(three['epoch_s'], 2)} ({x(three['epoch_s'] / resident['epoch_s'], 2)}) / "
-            f"{s(resident['epoch_s'], 2)}; test accuracy {accs}")
+def against_last(names):
+    """A formatter: each record's epoch against the last one's (all-in-GPU), then the last's."""
+    def figures(r):
+        rows, accs = first_rows(r, names)
+        base = rows[-1]["epoch_s"]
+        return " / ".join([f"{s(row['epoch_s'], 2)} ({x(row['epoch_s'] / base, 2)})" for row in rows[:-1]]
+                          + [s(base, 2)]) + f"; test accuracy {accs}"
+    return figures
+
+
+_papers_auto = against_last(PAPERS_AUTO)
 
 
 PAPERS_HOSTS = [(f"train_papers100M-like_variants-{tree}_h100_fp8_{u}.json",
@@ -186,12 +192,7 @@ PAPERS_HOSTS = [(f"train_papers100M-like_variants-{tree}_h100_fp8_{u}.json",
 
 PAPERS_HALF = [f"train_papers100M-like_variants-88ff828_h100_fp8_{v}.json" for v in ("w4", "i4", "gr")]
 
-
-def _papers_half(r):
-    (fp8, int4, resident), accs = first_rows(r, PAPERS_HALF)
-    return (f"{s(fp8['epoch_s'], 2)} ({x(fp8['epoch_s'] / resident['epoch_s'], 2)}) / "
-            f"{s(int4['epoch_s'], 2)} ({x(int4['epoch_s'] / resident['epoch_s'], 2)}) / "
-            f"{s(resident['epoch_s'], 2)}; test accuracy {accs}")
+_papers_half = against_last(PAPERS_HALF)
 
 
 def _papers_hosts(r):
