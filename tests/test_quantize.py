@@ -107,6 +107,8 @@ class TestUnpack(TestCase):
 
     def setUp(self):
         self.q, self.scale = torch_direct.quantize_rows_int4(torch.randn(40, 10) * 3, compute="cpu")
+        # rows of 5 bytes take the kernel's one-byte runs; of 24 and 64 bytes, its 8-byte runs
+        self.widths = {w: torch_direct.quantize_rows_int4(torch.randn(40, w) * 3, compute="cpu") for w in (10, 48, 128)}
 
     def unpack(self, rows, scale, index, dtype=torch.float32, device="cpu"):
         out = torch.full((rows.shape[0], 2 * rows.shape[1]), float("nan"), dtype=dtype, device=device)
@@ -114,16 +116,28 @@ class TestUnpack(TestCase):
 
     def check(self, device):
         idx = torch.tensor([39, 0, 7, 7, 21])
-        for index in (idx, idx.int()):
-            for dtype in (torch.float32, torch.float16, torch.bfloat16):
-                want = torch_direct.dequantize_rows_int4(self.q[idx], self.scale[idx], dtype)
-                got = self.unpack(self.q[idx].to(device), self.scale.to(device), index.to(device), dtype, device)
-                self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=str((device, index.dtype, dtype)))
-        # a row whose index lies outside the scales is written as zeros, the others as usual
-        got = self.unpack(self.q[1:4].to(device), self.scale.to(device), torch.tensor([1, 40, -1], device=device),
-                          device=device).cpu()
-        self.assertEqual(got[0], torch_direct.dequantize_rows_int4(self.q[1:2], self.scale[1:2])[0], atol=0, rtol=0)
-        self.assertEqual(got[1:], torch.zeros(2, 10), atol=0, rtol=0)
+        for width, (q, scale) in self.widths.items():
+            for index in (idx, idx.int()):
+                for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                    want = torch_direct.dequantize_rows_int4(q[idx], scale[idx], dtype)
+                    got = self.unpack(q[idx].to(device), scale.to(device), index.to(device), dtype, device)
+                    self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=str((device, width, index.dtype, dtype)))
+            # a row whose index lies outside the scales is written as zeros, the others as usual
+            got = self.unpack(q[1:4].to(device), scale.to(device), torch.tensor([1, 40, -1], device=device),
+                              device=device).cpu()
+            self.assertEqual(got[0], torch_direct.dequantize_rows_int4(q[1:2], scale[1:2])[0], atol=0, rtol=0)
+            self.assertEqual(got[1:], torch.zeros(2, width), atol=0, rtol=0)
+        # more rows than the kernel's grid has threads (its loop goes round), and an output whose
+        # address is not 16-byte aligned (the one-byte runs); each as the ATen ops give it
+        q, scale = self.widths[128]
+        many = torch.randint(-2, 41, (40000,))
+        want = torch_direct.dequantize_rows_int4(q[many.clamp(0, 39)], scale[many.clamp(0, 39)], torch.bfloat16)
+        want[(many < 0) | (many >= 40)] = 0
+        got = self.unpack(q[many.clamp(0, 39)].to(device), scale.to(device), many.to(device), torch.bfloat16, device)
+        self.assertEqual(got.cpu(), want, atol=0, rtol=0)
+        shifted = torch.full((40000 * 128 + 1,), float("nan"), dtype=torch.bfloat16, device=device)[1:].view(40000, 128)
+        _features.unpack_int4(q[many.clamp(0, 39)].to(device), scale.to(device), many.to(device), shifted)
+        self.assertEqual(shifted.cpu(), want, atol=0, rtol=0)
         empty = self.unpack(self.q[:0].to(device), self.scale.to(device), torch.zeros(0, dtype=torch.long, device=device),
                             device=device)
         self.assertEqual(empty.shape, (0, 10))
