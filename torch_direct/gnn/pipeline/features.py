@@ -61,7 +61,7 @@ def hybrid_split() -> str:
 
 KINDS = ("unified", "cpu_centric", "gpu_resident")
 FP8 = torch.float8_e4m3fn
-_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SCALED_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)   # what a scaled table is read as
 
 
 def take_rows(table: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -123,7 +123,7 @@ def check_scale(x, scale, dtype, who: str) -> None:
         raise TypeError(f"{who}: scale= goes with a float8_e4m3fn table, got "
                         f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
     check_row_scale(scale, x.shape[0], who)
-    if dtype is not None and dtype not in _OUT_DTYPES:
+    if dtype is not None and dtype not in SCALED_OUT_DTYPES:
         raise TypeError(f"{who}: a float8 table is read as float32, float16 or bfloat16, not {dtype}")
 
 

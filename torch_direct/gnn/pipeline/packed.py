@@ -18,7 +18,7 @@ import torch
 import torch_direct
 
 from . import _features
-from .features import FeatureStore, check_row_scale, make_feature_store
+from .features import SCALED_OUT_DTYPES, FeatureStore, check_row_scale, make_feature_store
 
 INT4_ROW_SCALE_BYTES = 4   # each row's float32 scale, held on the store's device for every row
 
@@ -36,7 +36,7 @@ class Int4FeatureStore(FeatureStore):
             raise TypeError(f"Int4FeatureStore: packed must return the uint8 table's bytes as they are, got "
                             f"{packed.source_dtype} -> {packed.dtype}")
         dtype = torch.float32 if dtype is None else dtype
-        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        if dtype not in SCALED_OUT_DTYPES:
             raise TypeError(f"Int4FeatureStore: rows are read as float32, float16 or bfloat16, not {dtype}")
         check_row_scale(scale, packed.num_rows, "Int4FeatureStore")
         self.packed = packed
