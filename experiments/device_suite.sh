@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (device tool): build the extension, then run every
-# test file (or the files given as arguments) with a time limit each. Logs and
-# a one-line-per-file summary go to $OUT (default ./device_out). With
-# --build-only it stops after the build.
+# test file (or the files given as arguments) with a time limit each
+# (PER_FILE_TIMEOUT, default 300 s), LANES files at a time (default 1), none
+# started after DEADLINE seconds (default none). Logs and a one-line-per-file
+# summary go to $OUT (default ./device_out). With --build-only it stops after
+# the build. The whole suite in one call of the device tool, for example:
+#   LANES=5 DEADLINE=480 PER_FILE_TIMEOUT=400 bash experiments/device_suite.sh
 #
 # A build leaves $OUT/prebuilt.tgz: its extension modules without debug
 # information (a few MB) and the digest of what they were built from (the C++
@@ -69,15 +72,41 @@ python3 -c "import torch, torch_direct; print('torch', torch.__version__, 'cuda'
 python3 tools/source_digest.py | sed 's/^/source /' | tee -a "$OUT/gpu.txt"
 [ "${1:-}" = --build-only ] && exit 0
 files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_*.py)
-for f in "${files[@]}"; do
-  name=$(basename "$f" .py)
-  s=$(date +%s)
-  # PYTEST_ARGS: more pytest options for every file (`-vv --durations=10`: each test by name, and which take the time)
-  timeout "${PER_FILE_TIMEOUT:-300}" python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} "$f" > "$OUT/$name.log" 2>&1
-  rc=$?
-  echo "$name rc=$rc $(( $(date +%s) - s ))s :: $(tail -1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
+# LANES=k runs k files at a time (each its own pytest process, all on the one GPU), each lane
+# taking the next file not yet taken. DEADLINE=s (seconds from here) starts no file after it and
+# cuts a running one there, so that a caller's own time limit does not kill files unrecorded:
+# a cut file's line says rc=124, a file never started says so.
+t_suite=$(date +%s)
+printf '%s\n' "${files[@]}" > "$OUT/.queue"; echo 0 > "$OUT/.taken"
+locked() {  # run "$@" holding the suite's lock (mkdir is atomic: no flock needed)
+  until mkdir "$OUT/.lock" 2>/dev/null; do sleep 0.05; done
+  "$@"; local rc=$?
+  rmdir "$OUT/.lock"; return $rc
+}
+take() { local n; n=$(cat "$OUT/.taken"); echo $(( n + 1 )) > "$OUT/.taken"; sed -n "$(( n + 1 ))p" "$OUT/.queue"; }
+record() {  # name, its summary line, its log
+  echo "$2" | tee -a "$OUT/summary.txt"
   # One file of logs, appended as each file ends (the device tool brings back
   # a few files only, and a call cut short still returns what was written).
-  { echo "===== $name"; grep -v "^Extension modules" "$OUT/$name.log"; } >> "$OUT/tests_all.log"
+  [ -f "$3" ] && { echo "===== $1"; grep -v "^Extension modules" "$3"; } >> "$OUT/tests_all.log"
+  return 0
+}
+run_file() {
+  local f=$1 name s rc limit=${PER_FILE_TIMEOUT:-300} left
+  name=$(basename "$f" .py)
+  if [ -n "${DEADLINE:-}" ]; then
+    left=$(( t_suite + DEADLINE - $(date +%s) ))
+    if [ "$left" -le 0 ]; then locked record "$name" "$name not started: DEADLINE=${DEADLINE}s reached" ""; return; fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
+  s=$(date +%s)
+  # PYTEST_ARGS: more pytest options for every file (`-vv --durations=10`: each test by name, and which take the time)
+  timeout "$limit" python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} "$f" > "$OUT/$name.log" 2>&1
+  rc=$?
+  locked record "$name" "$name rc=$rc $(( $(date +%s) - s ))s :: $(tail -1 "$OUT/$name.log")" "$OUT/$name.log"
   rm -f "$OUT/$name.log"
-done
+}
+lane() { local f; while f=$(locked take) && [ -n "$f" ]; do run_file "$f"; done; }
+for _ in $(seq "${LANES:-1}"); do lane & done
+wait
+rm -f "$OUT/.queue" "$OUT/.taken"
