@@ -12,7 +12,7 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import torch_direct
-from common import HAS_GPU, requires_gpu
+from common import requires_gpu
 from torch_direct.gnn.pipeline import KINDS, _features, make_feature_store
 from torch_direct.gnn.pipeline.packed import Int4FeatureStore, make_int4_store
 
@@ -201,33 +201,6 @@ class TestStore(TestCase):
                 # of the table's 500 * (6 + 4) bytes, the cache's packed rows (the scales stay
                 # where they are on the CPU)
                 self.assertEqual(store.stats()["device_share"], rows * 6 / 5000)
-
-    def test_cache_hits_read_by_the_gather_kernel_give_the_same_rows(self):
-        # cache_hits=gather: a split cached gather reads the hits of a cache kept as served (the
-        # 4-bit bytes; float16 rows served as float16) with torch_direct.gather, not index_select
-        degree, idx = torch.arange(500), torch.tensor([450, 3, 499, 400, 399, 0, 450, 401])
-        for device in ["cpu"] + (["cuda"] if HAS_GPU else []):
-            hybrid = [{}, {"cpu_threads": 2, "cpu_share": 1.0}] if device == "cuda" else [{}]
-            for kw in hybrid:
-                makers = {"int4": lambda: make_int4_store("unified", self.q, self.scale, device, torch.bfloat16,
-                                                          cache_bytes=600, degree=degree, **kw),
-                          "float16": lambda: make_feature_store("unified", self.x.half(), device, torch.float16,
-                                                                cache_bytes=100 * 24, degree=degree, **kw)}
-                for name, make in makers.items():
-                    with torch_direct.experimental(cached_gather="split"):
-                        plain = make()
-                        with torch_direct.experimental(cache_hits="gather"):
-                            by_gather = make()
-                    cache = lambda s: s.packed if isinstance(s, Int4FeatureStore) else s
-                    msg = str((device, kw, name))
-                    self.assertEqual((cache(plain)._hits_by_gather, cache(by_gather)._hits_by_gather), (False, True),
-                                     msg=msg)
-                    for i in (idx, idx.to(device)):
-                        self.assertEqual(by_gather.gather(i), plain.gather(i), atol=0, rtol=0, msg=msg)
-                    self.assertEqual(by_gather.stats()["cache_hit_rate"], plain.stats()["cache_hit_rate"], msg=msg)
-        with torch_direct.experimental(cache_hits="vector"):
-            with self.assertRaisesRegex(ValueError, "cache_hits must be index_select or gather"):
-                make_int4_store("unified", self.q, self.scale, "cpu", cache_bytes=600, degree=degree)
 
     def test_bad_stores_and_scales_are_refused(self):
         with self.assertRaisesRegex(TypeError, "2-D uint8 table"):

@@ -75,11 +75,6 @@ SETTINGS = {
                        "pool) writes before it starts their copy to the GPU: larger = fewer, larger copies, fewer "
                        "calls into the CUDA driver beside the training loop's; smaller = more of the copies "
                        "overlapped with the gathering (default: 1024)",
-    "cache_hits": "index_select | gather: gather = the GNN stack's cached feature store, gathering a batch in "
-                  "parts (the hybrid gather's CPU threads, cached_gather=split), reads the hits of a cache kept "
-                  "as it is served (float16 rows served as float16, 4-bit rows as their bytes) with "
-                  "torch_direct.gather's row-vectorized kernel, their slots' bounds passed, instead of "
-                  "torch.index_select, one element of a row a thread on a GPU (default: index_select)",
 }
 
 

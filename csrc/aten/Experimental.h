@@ -44,7 +44,6 @@ constexpr const char* kSettings[] = {
     "hybrid_copies",        // wait | ordered: a hybrid gather waits for its CPU rows' copies, or orders its stream
     "gather_turns",         // wait | deposit: how the GNN loader's gathering threads queue in order (Python)
     "hybrid_piece_kb",      // int >= 16: KiB of rows a hybrid gather's CPU thread writes before their copy starts
-    "cache_hits",           // index_select | gather: how a split cached gather reads hits kept as served (Python)
 };
 
 [[maybe_unused]] bool known(const std::string& name) {

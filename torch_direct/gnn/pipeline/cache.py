@@ -26,11 +26,6 @@ def cached_gather_mode() -> str:
     return torch_direct.experimental_setting("cached_gather", choices=("split", "fused"), default="fused")
 
 
-def cache_hits_mode() -> str:
-    """The experimental setting cache_hits: "index_select" (unset: the default) or "gather"."""
-    return torch_direct.experimental_setting("cache_hits", choices=("index_select", "gather"), default="index_select")
-
-
 # A table of this many bytes or more in host memory is read by the fused pass in address order,
 # its index sorted first, as the device's own gather reads it (the pass's one-block-a-row kernel
 # takes over at the same size: one constant, from the module).
@@ -98,8 +93,6 @@ class CachedFeatureStore(FeatureStore):
         # the slots a lookup clamps lie in [0, cache_rows): bounds known by construction
         self._slot_bounds = (0, self.cache_rows - 1) if self.cache_rows and store_index_bounds() else None
         self._fused = self._fused_source() if self.cache_rows and cached_gather_mode() == "fused" else None
-        # hits kept as served read by the gather kernel: only with their bounds known (no wait)
-        self._hits_by_gather = self._slot_bounds is not None and cache_hits_mode() == "gather"
         # misses and rows outside the table, counted by the fused pass on the device
         self._counts = torch.zeros(2, dtype=torch.int64, device=self.device) if self._fused else None
 
@@ -156,7 +149,7 @@ class CachedFeatureStore(FeatureStore):
         # scatter them back, a second pass over the batch's rows.
         at = slot.clamp(min=0).long()
         t0 = time.perf_counter()
-        if self.cache_scale is None and self.cache.dtype == self.dtype and not self._hits_by_gather:
+        if self.cache_scale is None and self.cache.dtype == self.dtype:
             out = take_rows(self.cache, at)   # rows as they are: one pass, and no wait on the device
         else:
             # one pass: each row read from the cache and cast (a float8 row scaled) as it is
