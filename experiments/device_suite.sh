@@ -78,6 +78,7 @@ files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_*.py)
 # a cut file's line says rc=124, a file never started says so.
 t_suite=$(date +%s)
 printf '%s\n' "${files[@]}" > "$OUT/.queue"; echo 0 > "$OUT/.taken"
+rmdir "$OUT/.lock" 2>/dev/null   # a lock left by a run killed while holding it would stall every lane
 locked() {  # run "$@" holding the suite's lock (mkdir is atomic: no flock needed)
   until mkdir "$OUT/.lock" 2>/dev/null; do sleep 0.05; done
   "$@"; local rc=$?

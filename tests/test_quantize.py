@@ -131,12 +131,14 @@ class TestUnpack(TestCase):
         # address is not 16-byte aligned (the one-byte runs); each as the ATen ops give it
         q, scale = self.widths[128]
         many = torch.randint(-2, 41, (40000,))
-        want = torch_direct.dequantize_rows_int4(q[many.clamp(0, 39)], scale[many.clamp(0, 39)], torch.bfloat16)
+        rows = q[many.clamp(0, 39)]
+        want = torch_direct.dequantize_rows_int4(rows, scale[many.clamp(0, 39)], torch.bfloat16)
         want[(many < 0) | (many >= 40)] = 0
-        got = self.unpack(q[many.clamp(0, 39)].to(device), scale.to(device), many.to(device), torch.bfloat16, device)
+        rows, scale, many = rows.to(device), scale.to(device), many.to(device)
+        got = self.unpack(rows, scale, many, torch.bfloat16, device)
         self.assertEqual(got.cpu(), want, atol=0, rtol=0)
         shifted = torch.full((40000 * 128 + 1,), float("nan"), dtype=torch.bfloat16, device=device)[1:].view(40000, 128)
-        _features.unpack_int4(q[many.clamp(0, 39)].to(device), scale.to(device), many.to(device), shifted)
+        _features.unpack_int4(rows, scale, many, shifted)
         self.assertEqual(shifted.cpu(), want, atol=0, rtol=0)
         empty = self.unpack(self.q[:0].to(device), self.scale.to(device), torch.zeros(0, dtype=torch.long, device=device),
                             device=device)
