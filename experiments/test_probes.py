@@ -359,5 +359,30 @@ class TestFeatureBitsProbe(TestCase):
             self.assertEqual(list(Path(d).iterdir()), [])   # nothing generated before the checks
 
 
+class TestInt4ReadProbe(TestCase):
+    def test_both_ways_agree_and_every_part_is_timed(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "r.json"
+            r = script("int4_read_probe.py", "--device", "cpu", "--batch", "3000", "--cache-rows", "5000",
+                       "--repeats", "2", "--batches", "10", "--out", str(out))
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            rec = json.loads(out.read_text())
+            self.assertIn("provenance", rec)
+            self.assertEqual(set(rec["parts_us"]), {"bytes_first", "in_place", "float8"})
+            for way, parts in rec["parts_us"].items():
+                self.assertEqual(rec["batch_us"][way], sum(parts.values()))
+                self.assertTrue(all(us > 0 for us in parts.values()), parts)
+                self.assertAlmostEqual(rec["epoch_s"][way], rec["batch_us"][way] * 10 / 1e6)
+            self.assertTrue(0 < rec["misses"] < 3000)
+
+    def test_bad_input(self):
+        for args, msg in ((["--hit-rate", "1"], "--hit-rate must lie strictly between 0 and 1"),
+                          (["--batch", "0"], "must be >= 1"),
+                          (["--device", "meta"], "--device must be cuda or cpu")):
+            r = script("int4_read_probe.py", *args)
+            self.assertEqual(r.returncode, 2, (args, r.stderr[-1000:]))
+            self.assertIn(msg, r.stderr)
+
+
 if __name__ == "__main__":
     run_tests()

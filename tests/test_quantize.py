@@ -143,6 +143,39 @@ class TestUnpack(TestCase):
         empty = self.unpack(self.q[:0].to(device), self.scale.to(device), torch.zeros(0, dtype=torch.long, device=device),
                             device=device)
         self.assertEqual(empty.shape, (0, 10))
+        self.check_maps(device)
+
+    def check_maps(self, device):
+        # a cache's hits read through rows_at, then the misses written through out_at: the batch
+        # as unpacking the gathered rows gives it, each row written once
+        idx = torch.tensor([39, 0, 7, 7, 21, 3, 30])
+        hot = torch.tensor([0, 7, 21, 30])                       # the cache holds 4 rows
+        slot = torch.full((40,), -1, dtype=torch.long)
+        slot[hot] = torch.arange(4)
+        at = slot[idx]
+        miss = torch.nonzero(at < 0).squeeze(1)
+        for width, (q, scale) in self.widths.items():
+            for index in (idx, idx.int()):
+                for dtype in (torch.float32, torch.bfloat16):
+                    want = torch_direct.dequantize_rows_int4(q[idx], scale[idx], dtype)
+                    d = lambda t: t.to(device)
+                    out = torch.full((7, 2 * q.shape[1]), float("nan"), dtype=dtype, device=device)
+                    _features.unpack_int4(d(q[hot]), d(scale), d(index), out, rows_at=d(at))
+                    self.assertTrue(bool(out.cpu()[miss].isnan().all()))   # the misses are left alone
+                    _features.unpack_int4(d(q[idx[miss]]), d(scale), d(index[miss]), out, out_at=d(miss))
+                    self.assertEqual(out.cpu(), want, atol=0, rtol=0, msg=str((device, width, index.dtype, dtype)))
+            # a slot past the cache writes zeros; a place outside out writes nothing
+            out = torch.full((3, 2 * q.shape[1]), float("nan"), device=device)
+            _features.unpack_int4(q[hot].to(device), scale.to(device), torch.tensor([0, 7, 21], device=device), out,
+                                  rows_at=torch.tensor([0, 4, -1], device=device))
+            self.assertEqual(out[0].cpu(), torch_direct.dequantize_rows_int4(q[:1], scale[:1])[0], atol=0, rtol=0)
+            self.assertEqual(out[1].cpu(), torch.zeros(q.shape[1] * 2), atol=0, rtol=0)
+            self.assertTrue(bool(out[2].isnan().all()))
+            out = torch.full((2, 2 * q.shape[1]), float("nan"), device=device)
+            _features.unpack_int4(q[:3].to(device), scale.to(device), torch.tensor([0, 1, 2], device=device), out,
+                                  out_at=torch.tensor([5, 1, -1], device=device))
+            self.assertTrue(bool(out[0].isnan().all()))
+            self.assertEqual(out[1].cpu(), torch_direct.dequantize_rows_int4(q[1:2], scale[1:2])[0], atol=0, rtol=0)
 
     def test_matches_the_aten_arithmetic_on_the_cpu(self):
         self.check("cpu")
@@ -160,7 +193,11 @@ class TestUnpack(TestCase):
                           ((rows, self.scale, idx[:3], out), "index must be a contiguous 1-D int32/int64 tensor of 4"),
                           ((rows, self.scale, idx.float(), out), "index must be"),
                           ((rows, self.scale, idx, torch.empty(4, 20)), r"out must be a contiguous \[4, 10\]"),
-                          ((rows, self.scale, idx, torch.empty(4, 10, dtype=torch.float64)), "out must be float32")):
+                          ((rows, self.scale, idx, torch.empty(4, 10, dtype=torch.float64)), "out must be float32"),
+                          ((rows, self.scale, idx, out, idx.int()), "rows_at must be a contiguous 1-D int64 tensor of 4"),
+                          ((rows, self.scale, idx, out, idx[:3]), "rows_at must be"),
+                          ((rows, self.scale, idx, out, None, idx.float()), "out_at must be a contiguous 1-D int64"),
+                          ((rows, self.scale, idx[:2], out, idx[:2], idx[:3]), "out_at must be .* of 2 entries")):
             with self.assertRaisesRegex(RuntimeError, "unpack_int4: " + msg):
                 _features.unpack_int4(*args)
         self.assertTrue(bool(out.isnan().all()))   # a refused call writes nothing

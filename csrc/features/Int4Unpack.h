@@ -7,6 +7,14 @@
 // arithmetic, so the same values, as torch_direct.dequantize_rows_int4's ATen ops, in one pass
 // that reads each row's scale through the index instead of gathering the scales first. A row
 // whose r lies outside scale is written as zeros (the feature stores check their indices first).
+//
+// Two optional maps (int64, one entry per entry of index) move the rows as they are unpacked,
+// so that a cache's hits and a batch's misses need no gather or scatter of their bytes first:
+//   rows_at: entry i reads row rows_at[i] of rows (rows may then hold any number of rows, a
+//            cache's); rows_at[i] < 0 leaves out row i unwritten (a miss, written by another
+//            call), rows_at[i] >= rows.size(0) writes zeros;
+//   out_at:  entry i writes row out_at[i] of out (out may then hold any number of rows, a
+//            batch's); an entry outside [0, out.size(0)) writes nothing.
 
 #include <ATen/ATen.h>
 
@@ -25,10 +33,13 @@ C10_HOST_DEVICE inline void unpack_int4_byte(uint8_t b, float s, out_t* o) {
 
 // rows, scale, index and out on the CPU (ATen's intra-op threads) or on one CUDA device (the
 // current stream, no wait); checked first (c10::Error naming the argument).
-void unpack_int4(const at::Tensor& rows, const at::Tensor& scale, const at::Tensor& index, at::Tensor& out);
+// rows_at and out_at undefined: no map.
+void unpack_int4(const at::Tensor& rows, const at::Tensor& scale, const at::Tensor& index, at::Tensor& out,
+                 const at::Tensor& rows_at = at::Tensor(), const at::Tensor& out_at = at::Tensor());
 
 #ifdef TORCH_DIRECT_WITH_CUDA
-void unpack_int4_cuda(const at::Tensor& rows, const at::Tensor& scale, const at::Tensor& index, at::Tensor& out);
+void unpack_int4_cuda(const at::Tensor& rows, const at::Tensor& scale, const at::Tensor& index, at::Tensor& out,
+                      const at::Tensor& rows_at, const at::Tensor& out_at);
 #endif
 
 } // namespace torch_direct::features

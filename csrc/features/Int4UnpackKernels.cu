@@ -40,47 +40,55 @@ __device__ inline void store_run(out_t* o, const out_t (&v)[2 * V]) {
 }
 
 // runs of V bytes (V = kBytes: rows of a multiple of 8 bytes, 8-byte aligned rows, 16-byte
-// aligned output; V = 1: any); count_t: 32-bit when the runs' count fits
+// aligned output; V = 1: any); count_t: 32-bit when the runs' count fits. Entry i of the index
+// reads row rows_at[i] (null: i) and writes row out_at[i] (null: i), as Int4Unpack.h says.
 template <int V, typename count_t, typename out_t, typename index_t>
 __global__ void unpack_kernel(const uint8_t* __restrict__ rows, const float* __restrict__ scale,
                               const index_t* __restrict__ index, out_t* __restrict__ out, count_t runs,
-                              count_t runs_per_row, int64_t r_max) {
+                              count_t runs_per_row, int64_t r_max, const int64_t* __restrict__ rows_at,
+                              const int64_t* __restrict__ out_at, int64_t src_rows, int64_t dst_rows) {
   for (count_t k = blockIdx.x * static_cast<count_t>(blockDim.x) + threadIdx.x; k < runs;
        k += static_cast<count_t>(gridDim.x) * blockDim.x) {
-    const count_t i = k / runs_per_row;
+    const count_t i = k / runs_per_row, q0 = k - i * runs_per_row;
+    const int64_t src = rows_at ? rows_at[i] : static_cast<int64_t>(i);
+    const int64_t dst = out_at ? out_at[i] : static_cast<int64_t>(i);
+    if (src < 0 || dst < 0 || dst >= dst_rows) {
+      continue;   // a row another call writes, or a position outside out
+    }
     const int64_t r = static_cast<int64_t>(index[i]);
     alignas(16) out_t v[2 * V];
-    if (r < 0 || r >= r_max) {
+    if (r < 0 || r >= r_max || src >= src_rows) {
 #pragma unroll
       for (int q = 0; q < 2 * V; ++q) {
         v[q] = static_cast<out_t>(0.0f);
       }
     } else {
       const float s = scale[r];
+      const int64_t at = src * static_cast<int64_t>(runs_per_row) + q0;   // the run, in runs of V bytes
       uint8_t b[V];
       if constexpr (V == kBytes) {
-        const uint2 w = reinterpret_cast<const uint2*>(rows)[k];
+        const uint2 w = reinterpret_cast<const uint2*>(rows)[at];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b[q] = static_cast<uint8_t>(w.x >> (8 * q));
           b[q + 4] = static_cast<uint8_t>(w.y >> (8 * q));
         }
       } else {
-        b[0] = rows[k];
+        b[0] = rows[at];
       }
 #pragma unroll
       for (int q = 0; q < V; ++q) {
         unpack_int4_byte(b[q], s, v + 2 * q);
       }
     }
-    store_run<V>(out + 2 * V * static_cast<int64_t>(k), v);
+    store_run<V>(out + 2 * V * (dst * static_cast<int64_t>(runs_per_row) + q0), v);
   }
 }
 
 template <int V, typename out_t, typename index_t>
 void launch(const at::Tensor& rows, const at::Tensor& scale, const at::Tensor& index, at::Tensor& out,
-            cudaStream_t stream, int64_t blocks_max) {
-  const int64_t runs = rows.numel() / V, per_row = rows.size(1) / V;
+            const int64_t* rows_at, const int64_t* out_at, int64_t n, cudaStream_t stream, int64_t blocks_max) {
+  const int64_t per_row = rows.size(1) / V, runs = n * per_row;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((runs + kThreads - 1) / kThreads, blocks_max));
   const uint8_t* in = rows.const_data_ptr<uint8_t>();
   const float* s = scale.const_data_ptr<float>();
@@ -89,17 +97,19 @@ void launch(const at::Tensor& rows, const at::Tensor& scale, const at::Tensor& i
   // the grid-stride loop's last step stays within 32 bits too
   if (runs + blocks * kThreads < (int64_t{1} << 31)) {
     unpack_kernel<V, uint32_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        in, s, idx, o, static_cast<uint32_t>(runs), static_cast<uint32_t>(per_row), scale.size(0));
+        in, s, idx, o, static_cast<uint32_t>(runs), static_cast<uint32_t>(per_row), scale.size(0), rows_at, out_at,
+        rows.size(0), out.size(0));
   } else {
-    unpack_kernel<V, int64_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(in, s, idx, o, runs, per_row,
-                                                                                      scale.size(0));
+    unpack_kernel<V, int64_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        in, s, idx, o, runs, per_row, scale.size(0), rows_at, out_at, rows.size(0), out.size(0));
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 } // namespace
 
-void unpack_int4_cuda(const at::Tensor& rows, const at::Tensor& scale, const at::Tensor& index, at::Tensor& out) {
+void unpack_int4_cuda(const at::Tensor& rows, const at::Tensor& scale, const at::Tensor& index, at::Tensor& out,
+                      const at::Tensor& rows_at, const at::Tensor& out_at) {
   const c10::cuda::CUDAGuard guard(rows.device());
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, rows.device().index()));
@@ -107,13 +117,16 @@ void unpack_int4_cuda(const at::Tensor& rows, const at::Tensor& scale, const at:
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(rows.device().index());
   const bool vector = rows.size(1) % kBytes == 0 && reinterpret_cast<uintptr_t>(rows.const_data_ptr()) % 8 == 0 &&
                       reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+  const int64_t* src_map = rows_at.defined() ? rows_at.const_data_ptr<int64_t>() : nullptr;
+  const int64_t* dst_map = out_at.defined() ? out_at.const_data_ptr<int64_t>() : nullptr;
+  const int64_t n = index.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "unpack_int4_cuda", [&] {
     using out_t = scalar_t;
     AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "unpack_int4_cuda", [&] {
       if (vector) {
-        launch<kBytes, out_t, index_t>(rows, scale, index, out, stream, blocks_max);
+        launch<kBytes, out_t, index_t>(rows, scale, index, out, src_map, dst_map, n, stream, blocks_max);
       } else {
-        launch<1, out_t, index_t>(rows, scale, index, out, stream, blocks_max);
+        launch<1, out_t, index_t>(rows, scale, index, out, src_map, dst_map, n, stream, blocks_max);
       }
     });
   });

@@ -22,11 +22,14 @@ PYBIND11_MODULE(_features, m) {
         },
         no_gil());
   m.def("unpack_int4",
-        [](const at::Tensor& rows, const at::Tensor& scale, const at::Tensor& index, at::Tensor out) {
-          torch_direct::features::unpack_int4(rows, scale, index, out);
+        [](const at::Tensor& rows, const at::Tensor& scale, const at::Tensor& index, at::Tensor out,
+           const std::optional<at::Tensor>& rows_at, const std::optional<at::Tensor>& out_at) {
+          torch_direct::features::unpack_int4(rows, scale, index, out, rows_at.value_or(at::Tensor()),
+                                              out_at.value_or(at::Tensor()));
           return out;
         },
-        no_gil());
+        pybind11::arg("rows"), pybind11::arg("scale"), pybind11::arg("index"), pybind11::arg("out"),
+        pybind11::arg("rows_at") = pybind11::none(), pybind11::arg("out_at") = pybind11::none(), no_gil());
   m.attr("large_table_bytes") = torch_direct::features::kLargeTableBytes;
 #ifdef TORCH_DIRECT_WITH_CUDA
   m.attr("has_cuda") = true;

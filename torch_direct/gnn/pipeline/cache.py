@@ -45,6 +45,10 @@ def check_cache_args(cache_bytes, degree, num_rows, who: str):
     return degree
 
 
+def _put_misses(out, miss, at, rows):
+    out[miss] = rows
+
+
 class CachedFeatureStore(FeatureStore):
     """Any store, with a cache of its hottest rows in its device's memory.
 
@@ -136,34 +140,51 @@ class CachedFeatureStore(FeatureStore):
             return self.store.read(idx, device)
         if self._fused is not None:
             return self._read_fused(idx, device)
+        return self.read_split(idx, device, self._take_hits, _put_misses)
+
+    def splits(self, device) -> bool:
+        """Whether a gather onto ``device`` takes the split path (:meth:`read_split`)."""
+        return self.cache is not None and device == self.device and self._fused is None
+
+    def read_split(self, idx, device, take_hits, put_misses):
+        """The split gather, with what writes each part given: ``take_hits(idx, slot)`` returns
+        the batch's rows with every hit written (``idx`` on the device; ``slot``, int64, each
+        row's place in :attr:`cache`, -1 for a miss), before the misses are read;
+        ``put_misses(out, miss, at, rows)`` writes the misses' rows (``rows``, read from the
+        wrapped store as it returns them, of the table's rows ``at``) at their positions ``miss``
+        of ``out``. A store that unpacks
+        what it gathers (4-bit rows) passes its own, so that neither part is written twice."""
         idx = idx.to(device, non_blocking=True)
-        slot = self.slot[idx]
+        slot = self.slot[idx].long()
         t0 = time.perf_counter()
         miss = torch.nonzero(slot < 0).squeeze(1)   # one sync: the misses' count sizes their gather
         self.parts.add("lookup_wait", time.perf_counter() - t0)
         with self._count_lock:
             self.hits += idx.numel() - miss.numel()
             self.lookups += idx.numel()
-        # Every position reads the cache, a miss its row 0 (overwritten below): one gather
-        # writing the batch in order, where taking the hits apart would compact them and
-        # scatter them back, a second pass over the batch's rows.
-        at = slot.clamp(min=0).long()
         t0 = time.perf_counter()
-        if self.cache_scale is None and self.cache.dtype == self.dtype:
-            out = take_rows(self.cache, at)   # rows as they are: one pass, and no wait on the device
-        else:
-            # one pass: each row read from the cache and cast (a float8 row scaled) as it is
-            # written, where index_select and then a cast write the batch's rows twice (a float8
-            # batch's through float32 buffers: four passes over the batch on the device); the
-            # gather's bounds check waits for the lookup above, which is all its stream holds
-            out = torch_direct.gather(self.cache, at, dtype=self.dtype, scale=self.cache_scale, order="as_is",
-                                      index_bounds=self._slot_bounds)
+        out = take_hits(idx, slot)
         self.parts.add("hits", time.perf_counter() - t0)   # on a GPU, the gather's wait for its bounds check
         if miss.numel():
             t0 = time.perf_counter()
-            out[miss] = self.store.read(idx[miss], device)
+            at = idx[miss]
+            put_misses(out, miss, at, self.store.read(at, device))
             self.parts.add("misses", time.perf_counter() - t0)
         return out
+
+    def _take_hits(self, idx, slot):
+        # Every position reads the cache, a miss its row 0 (overwritten by the misses): one
+        # gather writing the batch in order, where taking the hits apart would compact them and
+        # scatter them back, a second pass over the batch's rows.
+        at = slot.clamp(min=0)
+        if self.cache_scale is None and self.cache.dtype == self.dtype:
+            return take_rows(self.cache, at)   # rows as they are: one pass, and no wait on the device
+        # one pass: each row read from the cache and cast (a float8 row scaled) as it is
+        # written, where index_select and then a cast write the batch's rows twice (a float8
+        # batch's through float32 buffers: four passes over the batch on the device); the
+        # gather's bounds check waits for the lookup, which is all its stream holds
+        return torch_direct.gather(self.cache, at, dtype=self.dtype, scale=self.cache_scale, order="as_is",
+                                   index_bounds=self._slot_bounds)
 
     def _read_fused(self, idx, device):
         table, scale, sort = self._fused

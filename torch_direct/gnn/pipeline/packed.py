@@ -18,6 +18,7 @@ import torch
 import torch_direct
 
 from . import _features
+from .cache import CachedFeatureStore
 from .features import SCALED_OUT_DTYPES, FeatureStore, check_row_scale, make_feature_store
 
 INT4_ROW_SCALE_BYTES = 4   # each row's float32 scale, held on the store's device for every row
@@ -56,12 +57,31 @@ class Int4FeatureStore(FeatureStore):
         return self.packed.table
 
     def read(self, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if isinstance(self.packed, CachedFeatureStore) and self.packed.splits(device):
+            return self._read_cached(idx, device)
         rows = self.packed.read(idx, device).contiguous()
         scale = self.scale if self.scale.device == rows.device else self.scale.to(rows.device)
         out = torch.empty((rows.shape[0], self.dim), dtype=self.dtype, device=rows.device)
         # one pass: each byte's two values, times the scale its row's index names
         # (torch_direct.dequantize_rows_int4's arithmetic, bit for bit)
         return _features.unpack_int4(rows, scale, idx.to(rows.device, non_blocking=True).contiguous(), out)
+
+    def _read_cached(self, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+        # The cache's split gather, each part unpacked where it lies: the hits straight from the
+        # cache's rows, the misses from the rows the wrapped store read, each written once at
+        # its place in the batch (where gathering the hits' bytes, scattering the misses' among
+        # them and unpacking the whole took three passes over the batch's rows).
+        scale = self.scale if self.scale.device == device else self.scale.to(device)
+        cache = self.packed.cache
+
+        def take_hits(at, slot):
+            out = torch.empty((at.shape[0], self.dim), dtype=self.dtype, device=device)
+            return _features.unpack_int4(cache, scale, at.contiguous(), out, rows_at=slot)
+
+        def put_misses(out, miss, at, rows):
+            _features.unpack_int4(rows.contiguous(), scale, at.contiguous(), out, out_at=miss)
+
+        return self.packed.read_split(idx, device, take_hits, put_misses)
 
     @property
     def device_bytes(self) -> int:
