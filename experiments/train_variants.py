@@ -72,12 +72,17 @@ def gpu_memory() -> dict | None:
 
 def gpu_memory_peak() -> dict | None:
     """The most this process's tensors and the caching allocator held since the last
-    ``torch.cuda.reset_peak_memory_stats()``, in GiB (None without an initialised GPU)."""
+    ``torch.cuda.reset_peak_memory_stats()``, in GiB, and how often since the last
+    ``reset_accumulated_memory_stats()`` the allocator found no free block, gave its cached
+    ones back to the device and tried again (each a wait for the device), or freed device
+    memory at all (None without an initialised GPU)."""
     import torch
     if not torch.cuda.is_initialized():
         return None
+    stats = torch.cuda.memory_stats()
     return {"allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-            "reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+            "reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+            "alloc_retries": stats.get("num_alloc_retries"), "device_frees": stats.get("num_device_free")}
 
 
 def main(argv=None) -> None:
@@ -136,6 +141,7 @@ def main(argv=None) -> None:
             print(f"variant {name}: {options or '(the common options)'}{held}", file=sys.stderr, flush=True)
             if torch.cuda.is_initialized():
                 torch.cuda.reset_peak_memory_stats()
+                torch.cuda.reset_accumulated_memory_stats()
             watch = None
             if a.oom_report and torch_direct.cuda_available():
                 from gpu_memory_report import OomReport
