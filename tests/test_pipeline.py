@@ -133,6 +133,34 @@ class TestFeatureStores(TestCase):
         self.assertEqual(store.gather(idx), self.x[idx])
         self.assertNotIn("cache_hit_rate", store.stats())
 
+    def test_a_cache_of_the_first_rows(self):
+        # Scores that never rise with the row number (a table in --reorder frequency order): the
+        # cache holds the first rows (a tie at the edge taken in row order), and the split gather
+        # finds a row's slot from its number, with no table of slots; the fused pass keeps its
+        # table. The rows are the table's either way.
+        degree = torch.arange(500, 0, -1).float()
+        degree[95:110] = degree[95]                 # a tie across the cache's edge
+        idx = torch.tensor([450, 3, 99, 100, 0, 450, 105])
+        q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
+        for x, kw, want in ((self.x, {}, self.x[idx]), (q, {"scale": scale}, fp8_reference(q, scale, idx))):
+            row_bytes = 12 * x.element_size() + (4 if kw else 0)
+            for mode in ("split", "fused"):
+                with torch_direct.experimental(cached_gather=mode):
+                    store = make_feature_store("unified", x, "cpu", cache_bytes=100 * row_bytes, degree=degree, **kw)
+                self.assertTrue(store.prefix)
+                self.assertEqual(store.cache_rows, 100)
+                self.assertEqual(store.slot is None, mode == "split")
+                msg = str((x.dtype, mode))
+                for i in (idx, idx.int()):
+                    self.assertEqual(store.gather(i), want, atol=0, rtol=0, msg=msg)
+                self.assertEqual(store.stats()["cache_hit_rate"], 3 / 7, msg=msg)   # rows 3, 99 and 0
+                # on the CPU the store's scales are not device memory: the cache counts its own copy
+                self.assertEqual(store.device_bytes, 100 * row_bytes, msg=msg)
+        # a score that rises anywhere ranks by topk as before: the hottest rows, not the first
+        store = make_feature_store("unified", self.x, "cpu", cache_bytes=100 * 48, degree=torch.arange(500))
+        self.assertFalse(store.prefix)
+        self.assertIsNotNone(store.slot)
+
     def test_fp8_tables(self):
         # A float8 table with its row scales in every kind, cached or not: the rows come back
         # as q * scale in the dtype asked (float32 by default); a cache row costs its 12 bytes
@@ -414,6 +442,22 @@ class TestFeatureStores(TestCase):
         with torch_direct.experimental(store_index_bounds="trusted"):
             with self.assertRaisesRegex(ValueError, "store_index_bounds must be checked or known, not 'trusted'"):
                 make_feature_store("unified", self.x, "cpu")
+
+    @requires_gpu
+    def test_a_gpu_cache_of_the_first_rows_shares_the_stores_scales(self):
+        # a float8 store's scales sit on the GPU for every row; a cache of the first rows reads
+        # theirs from there (a view, counted once) and finds slots without a table of them
+        q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
+        idx = torch.tensor([450, 3, 99, 100, 0, 499, 450]).cuda()
+        degree = torch.arange(500, 0, -1)
+        store = make_feature_store("unified", q, "cuda", torch.float32, scale=scale, cpu_threads=2,
+                                   cache_bytes=100 * 16, degree=degree)
+        self.assertTrue(store.prefix)
+        self.assertIsNone(store.slot)
+        self.assertEqual(store.cache_scale.data_ptr(), store.store.scale.data_ptr())
+        self.assertEqual(store.device_bytes, 100 * 12 + 500 * 4)   # the cache's rows, every row's scale once
+        for _ in range(2):
+            self.assertEqual(store.gather(idx).cpu(), fp8_reference(q, scale, idx.cpu()), atol=0, rtol=0)
 
     @requires_gpu
     def test_store_index_bounds_on_the_gpu(self):

@@ -241,6 +241,17 @@ class TestStore(TestCase):
                 # where they are on the CPU)
                 self.assertEqual(store.stats()["device_share"], rows * 6 / 5000)
 
+    def test_a_negative_index_reads_its_rows_scale(self):
+        # the unified store's gather reads a negative index from the end; the scale the
+        # unpacking reads through it is that row's too, cached (a table of slots, or the first
+        # rows) or not
+        idx = torch.tensor([-1, 2, -500, 450])
+        want = torch_direct.dequantize_rows_int4(self.q[idx], self.scale[idx])
+        for kw in ({}, {"cache_bytes": 600, "degree": torch.arange(500)},
+                   {"cache_bytes": 600, "degree": torch.arange(500, 0, -1)}):
+            store = make_int4_store("unified", self.q, self.scale, "cpu", **kw)
+            self.assertEqual(store.gather(idx), want, atol=0, rtol=0, msg=str(kw))
+
     def test_bad_stores_and_scales_are_refused(self):
         with self.assertRaisesRegex(TypeError, "2-D uint8 table"):
             make_int4_store("unified", self.x, self.scale, "cpu")
@@ -263,6 +274,9 @@ class TestStore(TestCase):
                                   degree=degree),
                   make_int4_store("unified", self.q, self.scale, "cuda", torch.bfloat16, cache_bytes=1000,
                                   degree=degree, cpu_threads=2, cpu_share=1.0),
+                  # a cache of the first rows (scores falling with the row number): no table of slots
+                  make_int4_store("unified", self.q, self.scale, "cuda", torch.bfloat16, cache_bytes=1000,
+                                  degree=degree.flip(0), cpu_threads=2, cpu_share=1.0),
                   make_int4_store("gpu_resident", self.q, self.scale, "cuda", torch.bfloat16)]
         for store in stores:
             for i in (self.idx, self.idx.cuda()):
@@ -271,7 +285,9 @@ class TestStore(TestCase):
                 self.assertEqual(got, want, atol=0, rtol=0, msg=repr(store.packed))
         # on the GPU: every row's scale (500 * 4 bytes) besides what each store copied there
         shares = [s.stats()["device_share"] for s in stores]
-        self.assertEqual(shares, [2000 / 5000, 2000 / 5000, (166 * 6 + 2000) / 5000, (166 * 6 + 2000) / 5000, 1.0])
+        self.assertEqual(shares, [2000 / 5000, 2000 / 5000] + [(166 * 6 + 2000) / 5000] * 3 + [1.0])
+        self.assertTrue(stores[4].packed.prefix)
+        self.assertIsNone(stores[4].packed.slot)
 
 
 class TestTrain(TestCase):

@@ -58,7 +58,11 @@ class CachedFeatureStore(FeatureStore):
     each: a float16 table's rows as float16, a float8 table's with their scales), and cast
     (scaled) to the output dtype when served. A gather onto that device serves the cached rows from there and reads
     the others through ``store.read``; it waits for the device once, to learn how many rows
-    missed. A gather onto another device goes to the store. On a CPU device the cache is a
+    missed. Where ``degree`` never rises with the row number (a table in the order of its
+    ranking: ``train --reorder frequency``), the cache holds the first rows (:attr:`prefix`):
+    a row's slot is its number, so the split gather keeps no table of slots on the device, and
+    a float8 store's scales already there serve the cache too. A gather onto another device
+    goes to the store. On a CPU device the cache is a
     copy in ordinary memory (it changes nothing there, which is what the CPU tests use).
 
     By default (:func:`cached_gather_mode`; ``cached_gather=split`` turns it off), a gather
@@ -83,20 +87,34 @@ class CachedFeatureStore(FeatureStore):
         self.hits = self.lookups = 0
         self._count_lock = threading.Lock()   # gathers of several loader threads count here
         self.parts = Parts()   # host seconds of parts of its gathers (loader stats: gather_parts)
+        # Scores that never rise with the row number (a table in the order of its ranking, as
+        # train --reorder frequency makes it) make the first rows the hottest, ties alike: the
+        # cache then holds rows 0 .. cache_rows - 1, a row's slot is its number, and the split
+        # gather needs no table of slots (4 bytes a row of the table on the device).
+        self.prefix = False
+        self._scale_shared = False   # cache_scale is a view of the store's own scales on the device
+        hot = None
         if self.cache_rows:
-            hot = torch.topk(degree.cpu().float(), self.cache_rows, sorted=False).indices.sort().values
+            score = degree.cpu().float()
+            self.prefix = bool((score[1:] <= score[:-1]).all())
+            hot = (torch.arange(self.cache_rows) if self.prefix
+                   else torch.topk(score, self.cache_rows, sorted=False).indices.sort().values)
             # the rows as the table holds them, read once (a unified table by the GPU's gather)
             at = hot.to(self.device) if store.table.device.type == "unified" else hot
             self.cache = torch_direct.gather(store.table, at).to(self.device)
-            if self.scaled:
+            if self.scaled and self.prefix and self.device.type == "cuda" and store.scale.device == self.device:
+                # the store's scales on the GPU (counted in its device_bytes): the cache's are their first rows
+                self.cache_scale, self._scale_shared = store.scale[:self.cache_rows], True
+            elif self.scaled:
                 self.cache_scale = store.scale[hot.to(store.scale.device)].to(self.device)
-            self.slot = torch.full((self.num_rows,), -1, dtype=torch.int32, device=self.device)
-            self.slot[hot.to(self.device)] = torch.arange(self.cache_rows, dtype=torch.int32, device=self.device)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)   # gathers on side streams read the cache
         # the slots a lookup clamps lie in [0, cache_rows): bounds known by construction
         self._slot_bounds = (0, self.cache_rows - 1) if self.cache_rows and store_index_bounds() else None
         self._fused = self._fused_source() if self.cache_rows and cached_gather_mode() == "fused" else None
+        if self.cache_rows and (self._fused is not None or not self.prefix):   # the fused pass reads slots
+            self.slot = torch.full((self.num_rows,), -1, dtype=torch.int32, device=self.device)
+            self.slot[hot.to(self.device)] = torch.arange(self.cache_rows, dtype=torch.int32, device=self.device)
+        if self.cache_rows and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)   # gathers on side streams read the cache
         # misses and rows outside the table, counted by the fused pass on the device
         self._counts = torch.zeros(2, dtype=torch.int64, device=self.device) if self._fused else None
 
@@ -132,7 +150,8 @@ class CachedFeatureStore(FeatureStore):
     @property
     def device_bytes(self) -> int:
         """The cache (its rows' scales too) and what the store it wraps copied to the device."""
-        held = sum(t.numel() * t.element_size() for t in (self.cache, self.cache_scale) if t is not None)
+        own = (self.cache,) if self._scale_shared else (self.cache, self.cache_scale)   # shared: counted once
+        held = sum(t.numel() * t.element_size() for t in own if t is not None)
         return held + self.store.device_bytes
 
     def read(self, idx, device):
@@ -155,7 +174,8 @@ class CachedFeatureStore(FeatureStore):
         of ``out``. A store that unpacks
         what it gathers (4-bit rows) passes its own, so that neither part is written twice."""
         idx = idx.to(device, non_blocking=True)
-        slot = self.slot[idx].long()
+        # a row's slot, -1 for a miss (a negative index, counted from the end, misses too)
+        slot = (torch.where(idx < self.cache_rows, idx, -1) if self.slot is None else self.slot[idx]).long()
         t0 = time.perf_counter()
         miss = torch.nonzero(slot < 0).squeeze(1)   # one sync: the misses' count sizes their gather
         self.parts.add("lookup_wait", time.perf_counter() - t0)
