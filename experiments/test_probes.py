@@ -2,6 +2,7 @@
 device call is not spent finding a broken option (the measurements themselves need the GPU)."""
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -164,12 +165,15 @@ class TestTrainVariants(TestCase):
             two = json.loads((out / "train_tiny_two.json").read_text())
             # gpu_memory_before: None where no GPU was used (on the GPU, each run's starting memory)
             # and no loader or sampling thread of an earlier run still alive
+            # cuda_alloc_conf: the allocator's settings the process inherited (this one's)
+            conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
             self.assertEqual(one["variant"], {"name": "one", "options": "", "experimental": {},
                                               "gpu_memory_before": None, "gpu_memory_peak": None,
-                                              "threads_before": []})
+                                              "threads_before": [], "cuda_alloc_conf": conf})
             self.assertEqual(two["variant"], {"name": "two", "options": "--gather-workers 2",
                                               "experimental": {"cached_gather": "split"}, "gpu_memory_before": None,
-                                              "gpu_memory_peak": None, "threads_before": []})
+                                              "gpu_memory_peak": None, "threads_before": [],
+                                              "cuda_alloc_conf": conf})
             self.assertEqual((one["args"]["gather_workers"], two["args"]["gather_workers"]), (1, 2))
             u1, u2 = one["rows"][0], two["rows"][0]
             self.assertGreater(u1["reorder_s"], 0)     # the first variant made the relabelled copy

@@ -19,6 +19,7 @@ with a "variant" object saying what its run added. Variants run in the order giv
 that fails is recorded as bench train records a failed row, and the others still run.
 """
 import argparse
+import os
 import shlex
 import sys
 import threading
@@ -154,7 +155,10 @@ def main(argv=None) -> None:
                     watch.close()
             record["variant"] = {"name": name, "options": options, "experimental": experimental.get(name, {}),
                                  "gpu_memory_before": before, "gpu_memory_peak": gpu_memory_peak(),
-                                 "threads_before": left}
+                                 "threads_before": left,
+                                 # the caching allocator's settings, read by torch from the
+                                 # environment when the process starts (None: its defaults)
+                                 "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
             write_json(path, record)
             bench_train.print_table(record)
             print(f"wrote {path}", flush=True)
