@@ -62,8 +62,8 @@ class CachedFeatureStore(FeatureStore):
     ranking: ``train --reorder frequency``), the cache holds the first rows (:attr:`prefix`):
     a row's slot is its number, so the split gather keeps no table of slots on the device, and
     a float8 store's scales already there serve the cache too. A gather onto another device
-    goes to the store. On a CPU device the cache is a
-    copy in ordinary memory (it changes nothing there, which is what the CPU tests use).
+    goes to the store. On a CPU device the cache is a copy in ordinary memory (it changes
+    nothing there, which is what the CPU tests use).
 
     By default (:func:`cached_gather_mode`; ``cached_gather=split`` turns it off), a gather
     whose table the device can read in place (a unified store on a GPU without CPU threads, or
@@ -171,8 +171,8 @@ class CachedFeatureStore(FeatureStore):
         row's place in :attr:`cache`, -1 for a miss), before the misses are read;
         ``put_misses(out, miss, at, rows)`` writes the misses' rows (``rows``, read from the
         wrapped store as it returns them, of the table's rows ``at``) at their positions ``miss``
-        of ``out``. A store that unpacks
-        what it gathers (4-bit rows) passes its own, so that neither part is written twice."""
+        of ``out``. A store that unpacks what it gathers (4-bit rows) passes its own, so that
+        neither part is written twice."""
         idx = idx.to(device, non_blocking=True)
         # a row's slot, -1 for a miss (a negative index, counted from the end, misses too)
         slot = (torch.where(idx < self.cache_rows, idx, -1) if self.slot is None else self.slot[idx]).long()
