@@ -53,7 +53,8 @@
 #   `--gather-workers N`, N gathers in flight, each on its own thread and stream).
 # - papers-variants: papers100M-like's unified run (the papers-graphed options: bf16, two buffer
 #   sets, two sampling threads, REORDER default frequency, FEATURE_DTYPE, CACHE_MB default 13500,
-#   12 CPU threads) once for each variant of VARIANTS ("name=options;name=options", default
+#   or CACHE_SHARE instead (`--cache-share`: 0.5 holds at most half of the table's bytes on the GPU,
+#   scales counted, whatever the feature dtype), 12 CPU threads) once for each variant of VARIANTS ("name=options;name=options", default
 #   "workers1=;workers2=--gather-workers 2"), in one process over one relabelled copy
 #   (experiments/train_variants.py: the reorder is made once); VARIANT_SETTINGS="name=k=v,k=v;..."
 #   runs a variant under experimental settings (e.g. "fused=cached_gather=fused"); OOM_REPORT=1
@@ -199,19 +200,21 @@ papers_data_once() {  # generated once a machine
 
 papers_variants() {  # papers-variants (VARIANTS, VARIANT_SETTINGS; the header says)
   papers_data_once
-  local args=() v t0 name
+  local args=() v t0 name cache=()
   IFS=';' read -ra vs <<< "${VARIANTS:-workers1=;workers2=--gather-workers 2}"
   for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--variant "$v"); done
   IFS=';' read -ra vs <<< "${VARIANT_SETTINGS:-}"
   for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--experimental "$v"); done
   [ "${OOM_REPORT:-0}" = 1 ] && args+=(--oom-report)
   name=papers100M-like_variants_${FEATURE_DTYPE:-stored}_reorder-${REORDER:-frequency}
+  cache=(--cache-mb "${CACHE_MB:-13500}")
+  [ -n "${CACHE_SHARE:-}" ] && cache=(--cache-share "$CACHE_SHARE")
   t0=$(date +%s)
   PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} timeout "${RUN_LIMIT:-560}" python3 experiments/train_variants.py \
     --out-dir "$OUT" --name "$name" "${args[@]}" -- --root "$DATA" --no-progress --dataset papers100M-like \
     --epochs 2 --graph gpu --cuda-graph 2 --sample-ahead 2 --layers builtin --test-nodes 100000 --precision bf16 \
     --reorder "${REORDER:-frequency}" --pipelines unified --feature-dtype "${FEATURE_DTYPE:-stored}" \
-    --cache-mb "${CACHE_MB:-13500}" --gather-cpu-threads "${GATHER_THREADS:-12}" > "$OUT/train_$name.log" 2>&1
+    "${cache[@]}" --gather-cpu-threads "${GATHER_THREADS:-12}" > "$OUT/train_$name.log" 2>&1
   echo "train_variants $name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pipeline_summary.txt"
   # each variant's row and its host side: the step, the CPU, the loop's GIL wait, the gathers' parts, the captured step's parts
   grep -E "^variant |^\| (unified|gpu_resident) |: train step |run dry|: process CPU |s in all|to get the GIL back|gathers' parts|captured step:|host side a replay|copies into the captured" \

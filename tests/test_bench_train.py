@@ -567,7 +567,7 @@ class TestBenchTrainGPU(_Tiny):
 
     def test_gpu_levers_are_refused_on_the_cpu(self):
         # they act on GPU memory or kernels: a CPU run would ignore them
-        for lever in (["--gather-sms", "4"], ["--gather-cpu-threads", "2"], ["--cache-mb", "8"]):
+        for lever in (["--gather-sms", "4"], ["--gather-cpu-threads", "2"], ["--cache-mb", "8"], ["--cache-share", "0.5"]):
             path = os.path.join(self.tmp.name, "refused.json")
             rc, out, err = bench("--root", self.tmp.name, *FAST, "--device", "cpu", *lever,
                                  "--pipelines", "unified,cpu_centric", "--out", path)

@@ -161,6 +161,30 @@ class TestFeatureStores(TestCase):
         self.assertFalse(store.prefix)
         self.assertIsNotNone(store.slot)
 
+    def test_a_cache_sized_by_its_share_of_the_table(self):
+        # cache_share: the most rows whose bytes, with what the store holds on its device
+        # already, stay within that share of the table's bytes
+        q, scale = torch_direct.quantize_rows_fp8(self.x, compute="cpu")
+        degree = torch.arange(500)
+        for x, kw in ((self.x, {}), (self.x.half(), {}), (q, {"scale": scale})):
+            for share in (0.5, 0.3, 1.0):
+                store = make_feature_store("unified", x, "cpu", cache_share=share, degree=degree, **kw)
+                self.assertLessEqual(store.device_share, share)
+                self.assertGreater(store.device_share + store.row_bytes / store.table_bytes, share)
+                self.assertEqual(store.cache_rows, int(share * store.table_bytes) // store.row_bytes)
+        # less than a row: no row cached, as with a cache_bytes below one row
+        self.assertEqual(make_feature_store("unified", self.x, "cpu", cache_share=0.001, degree=degree).cache_rows, 0)
+        for kw, err, msg in (({"cache_share": 0.5, "cache_bytes": 100}, ValueError, "not both"),
+                             ({"cache_share": 0.0}, ValueError, r"cache_share must be a number in \(0, 1\]"),
+                             ({"cache_share": 1.5}, ValueError, "cache_share must be"),
+                             ({"cache_share": True}, ValueError, "cache_share must be")):
+            with self.assertRaisesRegex(err, msg):
+                make_feature_store("unified", self.x, "cpu", degree=degree, **kw)
+        with self.assertRaisesRegex(ValueError, "a cache needs degree="):
+            make_feature_store("unified", self.x, "cpu", cache_share=0.5)
+        with self.assertRaisesRegex(ValueError, "gpu_resident store holds its whole table"):
+            make_feature_store("gpu_resident", self.x, "cpu", cache_share=0.5, degree=degree)
+
     def test_fp8_tables(self):
         # A float8 table with its row scales in every kind, cached or not: the rows come back
         # as q * scale in the dtype asked (float32 by default); a cache row costs its 12 bytes

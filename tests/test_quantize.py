@@ -252,6 +252,22 @@ class TestStore(TestCase):
             store = make_int4_store("unified", self.q, self.scale, "cpu", **kw)
             self.assertEqual(store.gather(idx), want, atol=0, rtol=0, msg=str(kw))
 
+    def test_a_cache_sized_by_its_share_of_the_table(self):
+        # the packed rows a share of the table's bytes holds, the scales on the device counted
+        # (on the CPU they are not device memory; on a GPU, tests below)
+        degree = torch.arange(500)
+        for share in (0.5, 0.2):
+            store = make_int4_store("unified", self.q, self.scale, "cpu", cache_share=share, degree=degree)
+            self.assertEqual(store.packed.cache_rows, int(share * 5000) // 6)
+            self.assertLessEqual(store.device_share, share)
+            self.assertEqual(store.gather(self.idx), self.want, atol=0, rtol=0)
+        for kw, msg in (({"cache_share": 0.5, "cache_bytes": 60}, "not both"), ({"cache_share": 2}, "cache_share must be"),
+                        ({"cache_share": 0.5, "degree": None}, "a cache needs degree="),
+                        ({"cache_share": 0.5, "kind": "gpu_resident"}, "whole table in device memory")):
+            kw = {"degree": degree, "kind": "unified", **kw}
+            with self.assertRaisesRegex(ValueError, msg):
+                make_int4_store(kw.pop("kind"), self.q, self.scale, "cpu", **kw)
+
     def test_bad_stores_and_scales_are_refused(self):
         with self.assertRaisesRegex(TypeError, "2-D uint8 table"):
             make_int4_store("unified", self.x, self.scale, "cpu")
@@ -288,6 +304,12 @@ class TestStore(TestCase):
         self.assertEqual(shares, [2000 / 5000, 2000 / 5000] + [(166 * 6 + 2000) / 5000] * 3 + [1.0])
         self.assertTrue(stores[4].packed.prefix)
         self.assertIsNone(stores[4].packed.slot)
+        # half of the table's 5000 bytes, of which every row's scale on the GPU takes 2000
+        half = make_int4_store("unified", self.q, self.scale, "cuda", torch.bfloat16, cache_share=0.5, degree=degree,
+                               cpu_threads=2, cpu_share=1.0)
+        self.assertEqual(half.packed.cache_rows, 500 // 6)
+        self.assertLessEqual(half.device_share, 0.5)
+        self.assertEqual(half.gather(self.idx.cuda()), want, atol=0, rtol=0)
 
 
 class TestTrain(TestCase):

@@ -332,12 +332,14 @@ class TestTrain(TestCase):
         with contextlib.redirect_stdout(out), self.assertRaises(SystemExit) as cm:
             main(["train", "--help"])
         self.assertEqual(cm.exception.code, 0)
-        for opt in ("--pipeline", "--fanouts", "--model", "--json", "--plot", "--device", "--cache-mb", "--prefetch",
+        for opt in ("--pipeline", "--fanouts", "--model", "--json", "--plot", "--device", "--cache-mb", "--cache-share",
+                    "--prefetch",
                     "--graph", "--gather-sms", "--gather-cpu-threads", "--gather-cpu-share", "--feature-dtype"):
             self.assertIn(opt, out.getvalue())
         for bad in (["--fanouts", "15,x"], ["--fanouts", "0"], ["--epochs", "0"], ["--model", "gcn"],
                     ["--pipeline", "nvme"], ["--batch-size", "-3"], ["--gather-cpu-share", "1.5"],
-                    ["--gather-cpu-share", "nan"], ["--gather-cpu-share", "all"]):
+                    ["--gather-cpu-share", "nan"], ["--gather-cpu-share", "all"], ["--cache-share", "1.5"],
+                    ["--cache-share", "half"]):
             with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as cm:
                 main(["train", *bad])
             self.assertEqual(cm.exception.code, 2, msg=str(bad))
@@ -352,6 +354,11 @@ class TestTrain(TestCase):
                           "--gather-cpu-threads applies to --pipeline unified only"),
                          (["--graph", "gpu", "--device", "cpu"], "--graph gpu needs a CUDA device"),
                          (["--device", "cpu", "--cache-mb", "8"], "--cache-mb caches rows in GPU memory"),
+                         (["--cache-share", "0.5", "--cache-mb", "8"], "--cache-mb and --cache-share both size"),
+                         (["--cache-share", "0"], "--cache-share 0 holds no row"),
+                         (["--cache-share", "0.5", "--pipeline", "gpu_resident"],
+                          "--cache-share does not apply to --pipeline gpu_resident"),
+                         (["--device", "cpu", "--cache-share", "0.5"], "--cache-share caches rows in GPU memory"),
                          (["--device", "cpu", "--gather-sms", "8"], "no effect with --device cpu"),
                          (["--device", "cpu", "--gather-cpu-threads", "2"], "no effect with --device cpu"),
                          (["--sample-ahead", "--prefetch", "0"], "--sample-ahead needs --prefetch > 0"),

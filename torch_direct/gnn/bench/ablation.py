@@ -52,7 +52,9 @@ def _config_args(args, levers) -> argparse.Namespace:
     a = copy.copy(args)
     a.reorder = args.reorder if "reorder" in levers else "none"
     a.merge_gathers = args.merge_gathers if "merge" in levers else 1
-    a.cache_mb = args.cache_mb if "cache" in levers else 0
+    a.cache_share = getattr(args, "cache_share", None) if "cache" in levers else None
+    # --cache-share takes the place of the default --cache-mb
+    a.cache_mb = args.cache_mb if "cache" in levers and a.cache_share is None else 0
     a.graph = args.graph if "graph" in levers else "unified"
     a.json = a.plot = None
     return a
@@ -84,10 +86,11 @@ def run_ablation(args) -> dict:
         note = ""
         if "cache" in levers:
             if args.pipeline not in ("unified", "cpu_centric"):
-                a.cache_mb, note = 0, f"no cache: --cache-mb does not apply to the {args.pipeline} pipeline"
+                a.cache_mb, a.cache_share = 0, None
+                note = f"no cache: --cache-mb does not apply to the {args.pipeline} pipeline"
             elif device.type != "cuda":
-                a.cache_mb, note = 0, "no cache: no GPU here (the cache lives in GPU memory)"
-            elif args.cache_mb == 0:
+                a.cache_mb, a.cache_share, note = 0, None, "no cache: no GPU here (the cache lives in GPU memory)"
+            elif args.cache_mb == 0 and a.cache_share is None:
                 note = "no cache: --cache-mb 0"
         if "graph" in levers:
             if device.type != "cuda":

@@ -184,6 +184,9 @@ def pipeline_args(name: str, args, device):
     if args.cache_mb and name != "unified":
         a.cache_mb = 0
         notes.append(f"no cache: --cache-mb applies to unified, not {name}")
+    if getattr(args, "cache_share", None) is not None and name != "unified":
+        a.cache_share = None
+        notes.append(f"no cache: --cache-share applies to unified, not {name}")
     if args.gather_sms and name != "unified":
         a.gather_sms = 0
         notes.append(f"all SMs: --gather-sms applies to unified, not {name}")

@@ -139,12 +139,13 @@ class PipelinedBatches:
             make_store = partial(make_int4_store, args.pipeline, x, scale)
         else:
             make_store = partial(make_feature_store, args.pipeline, x, scale=scale)
+        cache_share = getattr(args, "cache_share", None)
         self.store = make_store(device, batch_dtype(args, x.dtype, scale, ds.x.dtype),
-                                cache_bytes=args.cache_mb << 20,
+                                cache_bytes=args.cache_mb << 20, cache_share=cache_share,
                                 # ranked by how often the sampler reads a row (its outermost
                                 # hop reads the most rows), not by row length
                                 degree=(access_frequency(ds.graph, args.fanouts[-1])
-                                        if args.cache_mb else None),
+                                        if args.cache_mb or cache_share else None),
                                 pin_inplace=ctx is not None,
                                 max_sms=args.gather_sms if cuda and args.gather_sms else None,
                                 cpu_threads=args.gather_cpu_threads if cuda else 0,

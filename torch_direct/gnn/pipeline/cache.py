@@ -45,6 +45,15 @@ def check_cache_args(cache_bytes, degree, num_rows, who: str):
     return degree
 
 
+def cache_bytes_within(share, table_bytes: int, held: int, who: str = "") -> int:
+    """The bytes of a cache that keep a store within ``share`` (a number in (0, 1]) of its
+    table's ``table_bytes`` in device memory, where it holds ``held`` there already (row scales,
+    say): 0 when those use up the share."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
+        raise ValueError(f"{who}cache_share must be a number in (0, 1], got {share!r}")
+    return max(0, int(share * table_bytes) - held)
+
+
 def _put_misses(out, miss, at, rows):
     out[miss] = rows
 

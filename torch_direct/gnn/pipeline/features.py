@@ -6,30 +6,22 @@
 
 Three kinds (BENCHMARKS.md, "End-to-end GNN training"):
 
-``unified``       the table lives in unified memory (pinned, GPU-mapped host memory); a CUDA
-                  index gathers the rows in place with ``torch_direct.gather`` (one kernel, no
-                  staging copy).
+``unified``       the table in unified memory (pinned, GPU-mapped host memory); a CUDA index
+                  gathers the rows in place with ``torch_direct.gather`` (one kernel, no staging).
 ``cpu_centric``   the baseline: CPU threads slice the rows into a pinned buffer, then a DMA
                   copies it to the GPU (on the caller's stream, typically a side stream).
-``gpu_resident``  the whole table is copied to the GPU once; a gather reads it there with
-                  ``torch_direct.gather`` (on a GPU one kernel, the cast fused).
+``gpu_resident``  the whole table copied to the GPU once, gathered there (one kernel, cast fused).
 
-A table may be stored as float8 (e4m3) with a float32 scale per row
-(``torch_direct.quantize_rows_fp8``): ``make_feature_store(kind, q, device, scale=scale)``.
-Every kind then moves a quarter of float32's bytes (half of float16's) and returns
-``q[n_id] * scale[n_id]`` as ``dtype``; the unified store's gather kernel does the upcast and the
-scaling as it reads the rows.
+A float8 (e4m3) table with a float32 scale per row (``torch_direct.quantize_rows_fp8``;
+``make_feature_store(kind, q, device, scale=scale)``) moves half of float16's bytes and returns
+``q[n_id] * scale[n_id]`` as ``dtype``, upcast and scaled in the unified store's gather kernel.
 
-``CachedFeatureStore(store, cache_bytes, degree)`` wraps any store with a cache of its hot rows
-in the store's device memory, kept in the table's own format (float8 rows with their scales,
-float16 rows as float16): the ``cache_bytes`` worth of rows with the highest ``degree`` score
-(how often a row is read: ``torch_direct.gnn.graph.access_frequency``, which ``train`` passes; an
-undirected graph's degree is the same ranking) are read once and served from there, the others
-from the store. ``make_feature_store(..., cache_bytes=)`` builds it.
-
-On a machine without a GPU every kind gathers on the CPU (the unified table is then plain host
-memory), so pipelines and tests run the same code there. ``to_pyg(store)`` (``pipeline/pyg.py``)
-wraps a store as a ``torch_geometric.data.FeatureStore`` when PyG is installed.
+``CachedFeatureStore(store, cache_bytes, degree)`` (``cache.py``; ``make_feature_store(...,
+cache_bytes=)`` or ``cache_share=``) keeps the rows ranked highest by ``degree`` (how often a row
+is read: ``torch_direct.gnn.graph.access_frequency``) in the store's device memory, in the
+table's own format, and reads the others from the store. Without a GPU every kind gathers on
+the CPU, so pipelines and tests run the same code there. ``to_pyg(store)`` (``pipeline/pyg.py``)
+wraps a store as a ``torch_geometric.data.FeatureStore``.
 """
 
 from __future__ import annotations
@@ -75,9 +67,7 @@ def take_rows(table: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None =
 
 def dequantize(rows: torch.Tensor, scale_rows: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """Rows of a table as ``dtype``: times their row scales when the table is float8."""
-    if scale_rows is None:
-        return rows.to(dtype)
-    return (rows.to(torch.float32) * scale_rows.unsqueeze(1)).to(dtype)
+    return rows.to(dtype) if scale_rows is None else (rows.to(torch.float32) * scale_rows.unsqueeze(1)).to(dtype)
 
 
 def cuda_usable() -> bool:
@@ -370,21 +360,28 @@ class GPUResidentFeatureStore(FeatureStore):
 
 
 def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, scale=None, cache_bytes: int = 0,
-                       degree=None, pin_inplace: bool = False, max_sms: int | None = None,
-                       cpu_threads: int = 0, cpu_share: float | None = None) -> FeatureStore:
+                       degree=None, pin_inplace: bool = False, max_sms: int | None = None, cpu_threads: int = 0,
+                       cpu_share: float | None = None, cache_share: float | None = None) -> FeatureStore:
     """A store of ``kind`` (one of :data:`KINDS`) over ``x``, serving ``device``
     (``pin_inplace``: the unified store maps ``x``'s own pages instead of copying them).
     ``scale``: ``x`` is a float8_e4m3fn table and these its float32 row scales
     (``torch_direct.quantize_rows_fp8``); rows are returned as ``dtype`` (default float32).
     ``cache_bytes`` > 0 wraps it in a :class:`CachedFeatureStore` ranked by ``degree``
-    (not for ``gpu_resident``, whose whole table is already in device memory)."""
+    (not for ``gpu_resident``, whose whole table is already in device memory); ``cache_share``
+    instead sizes that cache so that the store holds at most that share of the table's bytes
+    in device memory, what it holds there already (row scales) counted."""
     if kind not in KINDS:
         raise ValueError(f"unknown feature store {kind!r}: expected one of {', '.join(KINDS)}")
-    if cache_bytes and kind == "gpu_resident":
+    if (cache_bytes or cache_share is not None) and kind == "gpu_resident":
         raise ValueError("cache_bytes: the gpu_resident store holds its whole table in device memory already")
-    from .cache import CachedFeatureStore, check_cache_args   # (cache.py builds on this module)
-    no_cache = isinstance(cache_bytes, int) and not isinstance(cache_bytes, bool) and cache_bytes == 0
-    if not no_cache:   # checked before the store copies the table (gigabytes, maybe)
+    from .cache import CachedFeatureStore, cache_bytes_within, check_cache_args   # (cache.py builds on this module)
+    if cache_share is not None and cache_bytes:
+        raise ValueError("make_feature_store: give cache_bytes or cache_share, not both")
+    # checked before the store copies the table (gigabytes, maybe)
+    if cache_share is not None:
+        cache_bytes_within(cache_share, 0, 0, "make_feature_store: ")
+    if cache_share is not None or not (isinstance(cache_bytes, int) and not isinstance(cache_bytes, bool)
+                                       and cache_bytes == 0):
         check_cache_args(cache_bytes, degree, x.shape[0] if isinstance(x, torch.Tensor) else None, "")
     check_scale(x, scale, dtype, "make_feature_store")
     if kind == "unified":
@@ -397,4 +394,6 @@ def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, scale=
                 raise ValueError(f"{name} applies to the 'unified' store only, not {kind!r}")
         store = (CPUCentricFeatureStore if kind == "cpu_centric" else GPUResidentFeatureStore)(
             x, device, dtype, scale=scale)
+    if cache_share is not None:
+        cache_bytes = cache_bytes_within(cache_share, store.table_bytes, store.device_bytes)
     return CachedFeatureStore(store, cache_bytes, degree) if cache_bytes else store

@@ -138,6 +138,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="unified or cpu_centric pipeline on a GPU: MiB of GPU memory for the hottest feature rows, those "
                         "the sampler reads most often (torch_direct.gnn.graph.access_frequency with the last "
                         "fanout) (default: %(default)s)")
+    p.add_argument("--cache-share", type=share, default=None, metavar="F",
+                   help="unified or cpu_centric pipeline on a GPU, instead of --cache-mb: a cache of the hottest "
+                        "rows sized so that at most this share of the feature table's bytes is in GPU memory, "
+                        "what the store keeps there already (row scales) counted (0.5: half)")
     p.add_argument("--gather-sms", type=nonneg_int, default=0,
                    help="unified pipeline on a GPU: streaming multiprocessors the feature gather may use, "
                         "leaving the others to the training step it overlaps; 0 = all (default: %(default)s)")
@@ -310,10 +314,16 @@ def check_options(args, device) -> None:
     if args.loader_priority == "high" and getattr(args, "step_priority", "normal") == "high":
         raise ValueError("--loader-priority high and --step-priority high together put both at one priority: "
                          "give one of them")
-    if args.cache_mb and args.pipeline not in ("unified", "cpu_centric"):
-        raise ValueError(f"--cache-mb does not apply to --pipeline {args.pipeline}: "
-                         + ("its whole table is in GPU memory" if args.pipeline == "gpu_resident"
-                            else "PyG's loader reads its own feature tensor"))
+    cache_share = getattr(args, "cache_share", None)
+    if args.cache_mb and cache_share is not None:
+        raise ValueError("--cache-mb and --cache-share both size the GPU cache: give one of them")
+    if cache_share == 0.0:
+        raise ValueError("--cache-share 0 holds no row: leave it out for no cache")
+    for option, given in (("--cache-mb", args.cache_mb), ("--cache-share", cache_share is not None)):
+        if given and args.pipeline not in ("unified", "cpu_centric"):
+            raise ValueError(f"{option} does not apply to --pipeline {args.pipeline}: "
+                             + ("its whole table is in GPU memory" if args.pipeline == "gpu_resident"
+                                else "PyG's loader reads its own feature tensor"))
     if args.gather_sms and args.pipeline != "unified":
         raise ValueError("--gather-sms applies to --pipeline unified only (its zero-copy gather kernel)")
     if args.gather_cpu_threads and args.pipeline != "unified":
@@ -356,6 +366,7 @@ def check_machine(args, device) -> None:
         return
     where = "with --device cpu" if str(getattr(args, "device", "")) == "cpu" else "without a usable CUDA GPU"
     for option, value, what in (("--cache-mb", args.cache_mb, "caches rows in GPU memory"),
+                                ("--cache-share", getattr(args, "cache_share", None), "caches rows in GPU memory"),
                                 ("--gather-sms", args.gather_sms, "caps the GPU gather kernel's SMs"),
                                 ("--gather-cpu-threads", args.gather_cpu_threads,
                                  "adds CPU threads to the GPU gather")):

@@ -18,7 +18,7 @@ import torch
 import torch_direct
 
 from . import _features
-from .cache import CachedFeatureStore
+from .cache import CachedFeatureStore, cache_bytes_within, check_cache_args
 from .features import SCALED_OUT_DTYPES, FeatureStore, check_row_scale, make_feature_store
 
 INT4_ROW_SCALE_BYTES = 4   # each row's float32 scale, held on the store's device for every row
@@ -97,17 +97,31 @@ class Int4FeatureStore(FeatureStore):
 
 
 def make_int4_store(kind: str, q: torch.Tensor, scale: torch.Tensor, device, dtype=None, *, cache_bytes: int = 0,
-                    degree=None, **kw) -> Int4FeatureStore:
+                    degree=None, cache_share: float | None = None, **kw) -> Int4FeatureStore:
     """:func:`make_feature_store` for a 4-bit table ``q`` with its row ``scale``
     (``torch_direct.quantize_rows_int4``). A cache of ``cache_bytes`` holds packed rows only,
     ``cache_bytes // (dim / 2)`` of them: every row's scale sits in the store's device memory
-    beside it (4 bytes a row, read through the index as each batch is unpacked). Other keywords
+    beside it (4 bytes a row, read through the index as each batch is unpacked). ``cache_share``
+    instead sizes the cache so that the store holds at most that share of the table's bytes
+    (packed rows and scales) in device memory, the scales counted. Other keywords
     (``pin_inplace``, ``max_sms``, ``cpu_threads``, ``cpu_share``) go to the store of the packed
     bytes."""
     if not isinstance(q, torch.Tensor) or q.dim() != 2 or q.dtype != torch.uint8:
         raise TypeError("make_int4_store: q must be the 2-D uint8 table of quantize_rows_int4, got "
                         + (f"{q.dtype} of shape {tuple(q.shape)}" if isinstance(q, torch.Tensor) else type(q).__name__))
-    # the scale is checked before the packed store copies the table (gigabytes, maybe)
+    # the scale and the cache's arguments are checked before the packed store copies the table
+    # (gigabytes, maybe)
     check_row_scale(scale, q.shape[0], "make_int4_store")
-    packed = make_feature_store(kind, q, device, torch.uint8, cache_bytes=cache_bytes, degree=degree, **kw)
-    return Int4FeatureStore(packed, scale, dtype)
+    if cache_share is None:
+        packed = make_feature_store(kind, q, device, torch.uint8, cache_bytes=cache_bytes, degree=degree, **kw)
+        return Int4FeatureStore(packed, scale, dtype)
+    if cache_bytes:
+        raise ValueError("make_int4_store: give cache_bytes or cache_share, not both")
+    cache_bytes_within(cache_share, 0, 0, "make_int4_store: ")
+    degree = check_cache_args(0, degree, q.shape[0], "make_int4_store: ")
+    if kind == "gpu_resident":
+        raise ValueError("cache_bytes: the gpu_resident store holds its whole table in device memory already")
+    store = Int4FeatureStore(make_feature_store(kind, q, device, torch.uint8, **kw), scale, dtype)
+    budget = cache_bytes_within(cache_share, store.table_bytes, store.device_bytes)
+    # the scales stay where the first store put them
+    return Int4FeatureStore(CachedFeatureStore(store.packed, budget, degree), store.scale, dtype) if budget else store
