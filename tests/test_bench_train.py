@@ -518,6 +518,24 @@ class TestBenchTrainInput(TestCase):
         self.assertEqual(a.sampler_batches, 1)
         self.assertIn("--sampler-batches applies to the GPU sampler", notes[0])
 
+    def test_the_cache_share_goes_to_unified_only(self):
+        # as --cache-mb: the other pipelines run without a cache and say so; the options
+        # checked for each pipeline then pass
+        from torch_direct.gnn.bench.train import add_arguments, pipeline_args
+        from torch_direct.gnn.pipeline.options import check_options
+        p = ArgumentParser()
+        add_arguments(p)
+        args = p.parse_args(["--cache-share", "0.5"])
+        cuda = torch.device("cuda")      # a device object only: nothing runs on it
+        a, notes = pipeline_args("unified", args, cuda)
+        self.assertEqual((a.cache_share, notes), (0.5, []))
+        for name in ("cpu_centric", "gpu_resident"):
+            a, notes = pipeline_args(name, args, cuda)
+            self.assertIsNone(a.cache_share)
+            self.assertIn(f"--cache-share applies to unified, not {name}", notes[0])
+            check_options(a, cuda)
+        self.assertEqual(args.cache_share, 0.5)   # the caller's options are left as they were
+
     def test_pipeline_is_not_pipelines(self):
         rc, _, err = bench("--pipeline", "unified", "--out", os.devnull)
         self.assertEqual(rc, 2)
