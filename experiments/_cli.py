@@ -25,6 +25,33 @@ def seconds(device, fn) -> float:
     return time.perf_counter() - t0
 
 
+def median_seconds(device, fn, repeats: int) -> float:
+    """The median seconds of ``repeats`` calls of ``fn()`` after one warm-up call: on a GPU
+    timed with CUDA events around each call on the current stream (the device's time, not the
+    launch's), elsewhere by wall clock."""
+    import statistics
+    import time
+
+    import torch
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def finish(path, record: dict) -> dict:
     """The end of a probe: ``record`` written to ``path`` (when given, saying so), and returned."""
     if path:

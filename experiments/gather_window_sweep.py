@@ -7,7 +7,6 @@ JSON to the path given (default gather_window.json).
 """
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -15,20 +14,11 @@ import torch
 import torch_direct
 from torch_direct.gnn.bench.gather import _methods
 
+from _cli import median_seconds  # experiments/ is on sys.path when run as python3 experiments/gather_window_sweep.py
+
 
 def med(fn, reps=5):
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(ts)
+    return median_seconds(torch.device("cuda"), fn, reps)
 
 
 def main():

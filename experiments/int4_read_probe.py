@@ -21,35 +21,9 @@ BATCHES give an epoch's GPU time beside the training step.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
-from _cli import finish, run  # experiments/ is on sys.path when run as python3 experiments/int4_read_probe.py
-
-
-def timer(device, repeats: int):
-    """A function timing ``fn`` (median microseconds of ``repeats`` calls after one warm-up)."""
-    import time
-
-    import torch
-
-    def timed(fn) -> float:
-        fn()
-        times = []
-        for _ in range(repeats):
-            if device.type == "cuda":
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                times.append(1e3 * a.elapsed_time(b))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(1e6 * (time.perf_counter() - t0))
-        return statistics.median(times)
-    return timed
+from _cli import finish, median_seconds, run  # experiments/ is on sys.path when run as python3 experiments/int4_read_probe.py
 
 
 def main(argv=None) -> dict:
@@ -116,7 +90,9 @@ def main(argv=None) -> dict:
         raise RuntimeError("the in-place unpacking differs from unpacking the gathered bytes")
     del want
 
-    timed = timer(device, args.repeats)
+    def timed(fn) -> float:   # microseconds
+        return 1e6 * median_seconds(device, fn, args.repeats)
+
     parts = {"bytes_first": {"hits_index_select": timed(hits_bytes), "misses_index_put": timed(misses_bytes),
                              "unpack_batch": timed(unpack_all)},
              "in_place": {"hits_unpacked_from_cache": timed(hits_in_place),
