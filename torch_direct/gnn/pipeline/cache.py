@@ -45,12 +45,31 @@ def check_cache_args(cache_bytes, degree, num_rows, who: str):
     return degree
 
 
-def cache_bytes_within(share, table_bytes: int, held: int, who: str = "") -> int:
+def check_cache_request(kind: str, cache_bytes, cache_share, degree, num_rows, who: str):
+    """Refuse, before a store copies its table (gigabytes, maybe), a cache that ``cache_bytes``
+    or ``cache_share`` (one or the other) cannot give a store of ``kind``; ``degree`` as a flat
+    tensor when a cache is asked for (:func:`check_cache_args`), else as given."""
+    if (cache_bytes or cache_share is not None) and kind == "gpu_resident":
+        raise ValueError("cache_bytes: the gpu_resident store holds its whole table in device memory already")
+    if cache_share is not None:
+        if cache_bytes:
+            raise ValueError(f"{who}: give cache_bytes or cache_share, not both")
+        _check_share(cache_share, f"{who}: ")
+    elif isinstance(cache_bytes, int) and not isinstance(cache_bytes, bool) and cache_bytes == 0:
+        return degree   # no cache
+    return check_cache_args(cache_bytes, degree, num_rows, f"{who}: ")
+
+
+def _check_share(share, who: str) -> None:
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
+        raise ValueError(f"{who}cache_share must be a number in (0, 1], got {share!r}")
+
+
+def cache_bytes_within(share, table_bytes: int, held: int) -> int:
     """The bytes of a cache that keep a store within ``share`` (a number in (0, 1]) of its
     table's ``table_bytes`` in device memory, where it holds ``held`` there already (row scales,
     say): 0 when those use up the share."""
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
-        raise ValueError(f"{who}cache_share must be a number in (0, 1], got {share!r}")
+    _check_share(share, "")
     return max(0, int(share * table_bytes) - held)
 
 

@@ -372,17 +372,9 @@ def make_feature_store(kind: str, x: torch.Tensor, device, dtype=None, *, scale=
     in device memory, what it holds there already (row scales) counted."""
     if kind not in KINDS:
         raise ValueError(f"unknown feature store {kind!r}: expected one of {', '.join(KINDS)}")
-    if (cache_bytes or cache_share is not None) and kind == "gpu_resident":
-        raise ValueError("cache_bytes: the gpu_resident store holds its whole table in device memory already")
-    from .cache import CachedFeatureStore, cache_bytes_within, check_cache_args   # (cache.py builds on this module)
-    if cache_share is not None and cache_bytes:
-        raise ValueError("make_feature_store: give cache_bytes or cache_share, not both")
-    # checked before the store copies the table (gigabytes, maybe)
-    if cache_share is not None:
-        cache_bytes_within(cache_share, 0, 0, "make_feature_store: ")
-    if cache_share is not None or not (isinstance(cache_bytes, int) and not isinstance(cache_bytes, bool)
-                                       and cache_bytes == 0):
-        check_cache_args(cache_bytes, degree, x.shape[0] if isinstance(x, torch.Tensor) else None, "")
+    from .cache import CachedFeatureStore, cache_bytes_within, check_cache_request   # (cache.py builds on this module)
+    check_cache_request(kind, cache_bytes, cache_share, degree, x.shape[0] if isinstance(x, torch.Tensor) else None,
+                        "make_feature_store")
     check_scale(x, scale, dtype, "make_feature_store")
     if kind == "unified":
         store = UnifiedFeatureStore(x, device, dtype, scale=scale, pin_inplace=pin_inplace, max_sms=max_sms,

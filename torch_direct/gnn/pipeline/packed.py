@@ -18,7 +18,7 @@ import torch
 import torch_direct
 
 from . import _features
-from .cache import CachedFeatureStore, cache_bytes_within, check_cache_args
+from .cache import CachedFeatureStore, cache_bytes_within, check_cache_request
 from .features import SCALED_OUT_DTYPES, FeatureStore, check_row_scale, make_feature_store
 
 INT4_ROW_SCALE_BYTES = 4   # each row's float32 scale, held on the store's device for every row
@@ -115,12 +115,7 @@ def make_int4_store(kind: str, q: torch.Tensor, scale: torch.Tensor, device, dty
     if cache_share is None:
         packed = make_feature_store(kind, q, device, torch.uint8, cache_bytes=cache_bytes, degree=degree, **kw)
         return Int4FeatureStore(packed, scale, dtype)
-    if cache_bytes:
-        raise ValueError("make_int4_store: give cache_bytes or cache_share, not both")
-    cache_bytes_within(cache_share, 0, 0, "make_int4_store: ")
-    degree = check_cache_args(0, degree, q.shape[0], "make_int4_store: ")
-    if kind == "gpu_resident":
-        raise ValueError("cache_bytes: the gpu_resident store holds its whole table in device memory already")
+    degree = check_cache_request(kind, cache_bytes, cache_share, degree, q.shape[0], "make_int4_store")
     store = Int4FeatureStore(make_feature_store(kind, q, device, torch.uint8, **kw), scale, dtype)
     budget = cache_bytes_within(cache_share, store.table_bytes, store.device_bytes)
     # the scales stay where the first store put them
