@@ -122,18 +122,21 @@ class TestUnpack(TestCase):
                     want = torch_direct.dequantize_rows_int4(q[idx], scale[idx], dtype)
                     got = self.unpack(q[idx].to(device), scale.to(device), index.to(device), dtype, device)
                     self.assertEqual(got.cpu(), want, atol=0, rtol=0, msg=str((device, width, index.dtype, dtype)))
-            # a row whose index lies outside the scales is written as zeros, the others as usual
-            got = self.unpack(q[1:4].to(device), scale.to(device), torch.tensor([1, 40, -1], device=device),
+            # a negative index names its scale from the end, as a gather reads its row; a row
+            # whose index lies outside the scales either way is written as zeros
+            got = self.unpack(q[1:5].to(device), scale.to(device), torch.tensor([1, 40, -1, -41], device=device),
                               device=device).cpu()
             self.assertEqual(got[0], torch_direct.dequantize_rows_int4(q[1:2], scale[1:2])[0], atol=0, rtol=0)
-            self.assertEqual(got[1:], torch.zeros(2, width), atol=0, rtol=0)
+            self.assertEqual(got[2], torch_direct.dequantize_rows_int4(q[3:4], scale[39:40])[0], atol=0, rtol=0)
+            self.assertEqual(got[[1, 3]], torch.zeros(2, width), atol=0, rtol=0)
         # more rows than the kernel's grid has threads (its loop goes round), and an output whose
         # address is not 16-byte aligned (the one-byte runs); each as the ATen ops give it
         q, scale = self.widths[128]
-        many = torch.randint(-2, 41, (40000,))
+        many = torch.randint(-42, 42, (40000,))
         rows = q[many.clamp(0, 39)]
-        want = torch_direct.dequantize_rows_int4(rows, scale[many.clamp(0, 39)], torch.bfloat16)
-        want[(many < 0) | (many >= 40)] = 0
+        at = torch.where(many < 0, many + 40, many)
+        want = torch_direct.dequantize_rows_int4(rows, scale[at.clamp(0, 39)], torch.bfloat16)
+        want[(at < 0) | (at >= 40)] = 0
         rows, scale, many = rows.to(device), scale.to(device), many.to(device)
         got = self.unpack(rows, scale, many, torch.bfloat16, device)
         self.assertEqual(got.cpu(), want, atol=0, rtol=0)

@@ -28,7 +28,8 @@ void unpack_cpu(const at::Tensor& rows, const at::Tensor& scale, const at::Tenso
       if (src < 0 || dst < 0 || dst >= dst_rows) {
         continue;   // a row another call writes, or a position outside out
       }
-      const int64_t r = static_cast<int64_t>(idx[i]);
+      int64_t r = static_cast<int64_t>(idx[i]);
+      r += r < 0 ? r_max : 0;   // from the end, as the gathers read it
       out_t* row = o + dst * 2 * m;
       if (r < 0 || r >= r_max || src >= src_rows) {
         std::fill(row, row + 2 * m, static_cast<out_t>(0.0f));

@@ -5,8 +5,10 @@
 //   out[i, 2j + 1] = ((rows[i, j] >> 4) - 8) * scale[r]
 // computed in float32 and cast to out's dtype (float32, float16 or bfloat16): the same
 // arithmetic, so the same values, as torch_direct.dequantize_rows_int4's ATen ops, in one pass
-// that reads each row's scale through the index instead of gathering the scales first. A row
-// whose r lies outside scale is written as zeros (the feature stores check their indices first).
+// that reads each row's scale through the index instead of gathering the scales first. A
+// negative r counts from the end of scale (r + scale.size(0)), as the gathers read a negative
+// index; a row whose r still lies outside scale is written as zeros (the feature stores check
+// their indices first).
 //
 // Two optional maps (int64, one entry per entry of index) move the rows as they are unpacked,
 // so that a cache's hits and a batch's misses need no gather or scatter of their bytes first:

@@ -55,7 +55,8 @@ __global__ void unpack_kernel(const uint8_t* __restrict__ rows, const float* __r
     if (src < 0 || dst < 0 || dst >= dst_rows) {
       continue;   // a row another call writes, or a position outside out
     }
-    const int64_t r = static_cast<int64_t>(index[i]);
+    int64_t r = static_cast<int64_t>(index[i]);
+    r += r < 0 ? r_max : 0;   // from the end, as the gathers read it
     alignas(16) out_t v[2 * V];
     if (r < 0 || r >= r_max || src >= src_rows) {
 #pragma unroll

@@ -63,13 +63,9 @@ class Int4FeatureStore(FeatureStore):
         scale = self.scale if self.scale.device == rows.device else self.scale.to(rows.device)
         out = torch.empty((rows.shape[0], self.dim), dtype=self.dtype, device=rows.device)
         # one pass: each byte's two values, times the scale its row's index names
-        # (torch_direct.dequantize_rows_int4's arithmetic, bit for bit)
-        return _features.unpack_int4(rows, scale, self._scale_index(idx.to(rows.device, non_blocking=True)), out)
-
-    def _scale_index(self, idx: torch.Tensor) -> torch.Tensor:
-        # the packed store reads a negative index from the end (where it takes one), so its
-        # scale is read there too (the unpacking writes zeros for an index outside the scales)
-        return torch.where(idx < 0, idx + self.num_rows, idx).contiguous()
+        # (torch_direct.dequantize_rows_int4's arithmetic, bit for bit; a negative index names
+        # its scale from the end, as the packed store reads its row)
+        return _features.unpack_int4(rows, scale, idx.to(rows.device, non_blocking=True).contiguous(), out)
 
     def _read_cached(self, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
         # The cache's split gather, each part unpacked where it lies: the hits straight from the
@@ -81,10 +77,10 @@ class Int4FeatureStore(FeatureStore):
 
         def take_hits(at, slot):
             out = torch.empty((at.shape[0], self.dim), dtype=self.dtype, device=device)
-            return _features.unpack_int4(cache, scale, self._scale_index(at), out, rows_at=slot)
+            return _features.unpack_int4(cache, scale, at.contiguous(), out, rows_at=slot)
 
         def put_misses(out, miss, at, rows):
-            _features.unpack_int4(rows.contiguous(), scale, self._scale_index(at), out, out_at=miss)
+            _features.unpack_int4(rows.contiguous(), scale, at, out, out_at=miss)
 
         return self.packed.read_split(idx, device, take_hits, put_misses)
 
