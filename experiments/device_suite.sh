@@ -102,12 +102,31 @@ run_file() {
   fi
   s=$(date +%s)
   # PYTEST_ARGS: more pytest options for every file (`-vv --durations=10`: each test by name, and which take the time)
-  timeout "$limit" python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} "$f" > "$OUT/$name.log" 2>&1
-  rc=$?
+  # in the background and waited for, so that the lane's trap runs while it waits; timeout makes
+  # a process group of its own, which the trap stops whole (pytest, and any process it started)
+  timeout "$limit" python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} "$f" > "$OUT/$name.log" 2>&1 &
+  running=$!
+  wait "$running"; rc=$?; running=
   locked record "$name" "$name rc=$rc $(( $(date +%s) - s ))s :: $(tail -1 "$OUT/$name.log")" "$OUT/$name.log"
   rm -f "$OUT/$name.log"
 }
-lane() { local f; while f=$(locked take) && [ -n "$f" ]; do run_file "$f"; done; }
+# A caller's own time limit (`timeout 300 bash experiments/device_suite.sh ...`) stops the suite
+# with TERM: each lane then stops the file it runs, so that no pytest runs on beside whatever the
+# caller starts next (a benchmark's timings, say); its line is not recorded (DEADLINE cuts files
+# with their lines).
+running=
+lane() {
+  trap '[ -n "$running" ] && kill -TERM -- -"$running" "$running" 2>/dev/null; exit 143' TERM INT
+  local f; while f=$(locked take) && [ -n "$f" ]; do run_file "$f"; done
+}
+on_signal() {
+  trap - TERM INT
+  kill -TERM $(jobs -p) 2>/dev/null; wait
+  echo "suite stopped by a signal after $(( $(date +%s) - t_suite )) s: the files running then are not recorded" \
+    | tee -a "$OUT/summary.txt"
+  exit 143
+}
+trap on_signal TERM INT
 for _ in $(seq "${LANES:-1}"); do lane & done
 wait
 rm -f "$OUT/.queue" "$OUT/.taken"
