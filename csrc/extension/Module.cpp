@@ -128,13 +128,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   m.def("_parallel_threads_used", [](int64_t chunks) {
-    // How many distinct threads parallel_chunks runs `chunks` chunks on.
+    // How many distinct threads parallel_chunks runs `chunks` chunks on. Each chunk waits (up
+    // to 10 s) until every chunk has started, so a thread slow to wake on a loaded host cannot
+    // leave its chunk to a thread that already ran one: only a pool too small to run them all
+    // at once gives fewer threads than chunks.
     std::mutex mu;
+    std::condition_variable cv;
     std::set<std::thread::id> ids;
+    int64_t started = 0;
     at::native::unified::parallel_chunks(chunks, 1, chunks, [&](int64_t, int64_t) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      std::lock_guard<std::mutex> g(mu);
+      std::unique_lock<std::mutex> lock(mu);
       ids.insert(std::this_thread::get_id());
+      if (++started == chunks) {
+        cv.notify_all();
+      }
+      cv.wait_for(lock, std::chrono::seconds(10), [&] { return started >= chunks; });
     });
     return static_cast<int64_t>(ids.size());
   });
