@@ -212,6 +212,20 @@ def _papers_int4(r):
             + " / ".join(s(e, 2) for e in epochs["all-in-GPU"]) + f"; test accuracy {accs}")
 
 
+PAPERS_H200 = {form: [f"train_papers100M-like_variants-5ffe42a_h200_fp8_{v}.json" for v in names]
+               for form, names in (("4-bit alone", ("i4x", "i4y")), ("all-in-GPU beside a test", ("gr", "grb")),
+                                   ("4-bit beside a test", ("i4", "i4b")))}
+
+
+def _papers_h200(r):
+    epochs = {form: [r[n]["rows"][0]["epoch_s"] for n in names] for form, names in PAPERS_H200.items()}
+    _, accs = first_rows(r, [n for names in PAPERS_H200.values() for n in names])
+    best, base = min(epochs["4-bit alone"]), min(epochs["all-in-GPU beside a test"])
+    return (" / ".join(s(e, 2) for e in epochs["4-bit alone"]) + f" (the faster {x(best / base, 2)}) / "
+            + " / ".join(s(e, 2) for e in epochs["all-in-GPU beside a test"] + epochs["4-bit beside a test"])
+            + f"; test accuracy {accs}")
+
+
 def _papers_hosts(r):
     pairs = [(r[u]["rows"][0], r[g]["rows"][0]) for u, g in PAPERS_HOSTS]
     accs = " / ".join(f"{row['test_acc']:.4f}" for pair in pairs for row in pair)
@@ -315,6 +329,13 @@ ROWS = [
      "all-in-GPU's median / unified float8 in two runs / all-in-GPU (float8) in two runs",
      [n for names in PAPERS_INT4.values() for n in names],
      _papers_int4),
+    ("papers100M-like on one H200 (generated in 219 s), held to half of the table's bytes (`--cache-share "
+     "0.5`), four gathering threads of 4 CPU threads each, each 4-bit batch unpacked in place: unified 4-bit "
+     "alone on the machine under `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, two runs (the faster "
+     "against all-in-GPU's faster) / all-in-GPU (float8) in two runs and unified 4-bit in two, in an earlier "
+     "call on the machine with a GPU test running beside them (upper bounds)",
+     [n for names in PAPERS_H200.values() for n in names],
+     _papers_h200),
 ]
 
 # Measured on the presets of generator version 1 (half of OGB's edges, labels every pipeline
