@@ -136,10 +136,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     std::condition_variable cv;
     std::set<std::thread::id> ids;
     int64_t started = 0;
-    at::native::unified::parallel_chunks(chunks, 1, chunks, [&](int64_t, int64_t) {
+    at::native::unified::parallel_chunks(chunks, 1, chunks, [&](int64_t b, int64_t e) {
       std::unique_lock<std::mutex> lock(mu);
       ids.insert(std::this_thread::get_id());
-      if (++started == chunks) {
+      started += e - b;   // one item a chunk, or all of them where the call runs them as one
+      if (started == chunks) {
         cv.notify_all();
       }
       cv.wait_for(lock, std::chrono::seconds(10), [&] { return started >= chunks; });
