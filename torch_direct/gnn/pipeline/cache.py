@@ -50,7 +50,8 @@ def check_cache_request(kind: str, cache_bytes, cache_share, degree, num_rows, w
     or ``cache_share`` (one or the other) cannot give a store of ``kind``; ``degree`` as a flat
     tensor when a cache is asked for (:func:`check_cache_args`), else as given."""
     if (cache_bytes or cache_share is not None) and kind == "gpu_resident":
-        raise ValueError("cache_bytes: the gpu_resident store holds its whole table in device memory already")
+        given = "cache_share" if cache_share is not None else "cache_bytes"
+        raise ValueError(f"{given}: the gpu_resident store holds its whole table in device memory already")
     if cache_share is not None:
         if cache_bytes:
             raise ValueError(f"{who}: give cache_bytes or cache_share, not both")
