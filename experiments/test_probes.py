@@ -169,11 +169,11 @@ class TestTrainVariants(TestCase):
             conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
             self.assertEqual(one["variant"], {"name": "one", "options": "", "experimental": {},
                                               "gpu_memory_before": None, "gpu_memory_peak": None,
-                                              "threads_before": [], "cuda_alloc_conf": conf})
+                                              "threads_before": [], "cuda_sync": None, "cuda_alloc_conf": conf})
             self.assertEqual(two["variant"], {"name": "two", "options": "--gather-workers 2",
                                               "experimental": {"cached_gather": "split"}, "gpu_memory_before": None,
                                               "gpu_memory_peak": None, "threads_before": [],
-                                              "cuda_alloc_conf": conf})
+                                              "cuda_sync": None, "cuda_alloc_conf": conf})
             self.assertEqual((one["args"]["gather_workers"], two["args"]["gather_workers"]), (1, 2))
             u1, u2 = one["rows"][0], two["rows"][0]
             self.assertGreater(u1["reorder_s"], 0)     # the first variant made the relabelled copy
@@ -193,6 +193,10 @@ class TestTrainVariants(TestCase):
                               (["--out-dir", d, "--name", "x", "--variant", "a=", "--experimental", "a=k"],
                                "give k=v"),
                               (["--out-dir", d, "--name", "x", "--variant", "a=--json x.json"], "give no --json"),
+                              (["--out-dir", d, "--name", "x", "--variant", "a=", "--cuda-sync", "b=spin"],
+                               "--cuda-sync names no variant: b"),
+                              (["--out-dir", d, "--name", "x", "--variant", "a=", "--cuda-sync", "a=fast"],
+                               "a mode is one of auto, spin, yield, blocking"),
                               # a later variant's option that bench train refuses: no run starts
                               (["--out-dir", d, "--name", "x", "--variant", "a=", "--variant", "b=--cache-mb 8",
                                 "--", "--root", d, "--dataset", "tiny", "--device", "cpu", "--pipelines", "unified"],
@@ -206,6 +210,17 @@ class TestTrainVariants(TestCase):
                 self.assertEqual(r.returncode, 2, (args, r.stderr))
                 self.assertIn(msg, r.stderr)
             self.assertEqual(list(Path(d).iterdir()), [])   # nothing written for a refused command
+
+    def test_cuda_sync_needs_a_gpu(self):
+        import torch
+        if torch.cuda.is_available():
+            self.skipTest("a GPU is here: the refusal is for a machine without one")
+        with tempfile.TemporaryDirectory() as d:
+            r = self.variants("--out-dir", d, "--name", "x", "--variant", "a=", "--cuda-sync", "a=blocking", "--",
+                              "--root", d, "--dataset", "tiny", "--device", "cpu", "--pipelines", "unified")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("--cuda-sync sets how the host waits for a GPU, and CUDA is not available here", r.stderr)
+            self.assertEqual(list(Path(d).iterdir()), [])
 
 
 class TestGpuMemoryReport(TestCase):

@@ -14,11 +14,16 @@ Each variant's options follow the common ones after `--` (for an option given tw
 variant's wins). `--experimental NAME=k=v[,k=v]` runs variant NAME under those experimental
 settings (torch_direct.experimental). `--oom-report` records each live GPU block's Python
 stack and, at a variant's first CUDA out-of-memory error, writes what held the memory
-(experiments/gpu_memory_report.py) to OUT/oom_<name>_<variant>.json. The records are OUT/train_<name>_<variant>.json, each
+(experiments/gpu_memory_report.py) to OUT/oom_<name>_<variant>.json. `--cuda-sync NAME=MODE` runs
+variant NAME with the GPU's host waits in MODE (auto, spin, yield or blocking: how a thread that
+waits for the device, a loader thread's count of misses or the loop's wait for a buffer set,
+gives its core to the others; CUDA's auto spins on a machine of more cores than processes), put
+back to what it was after. The records are OUT/train_<name>_<variant>.json, each
 with a "variant" object saying what its run added. Variants run in the order given; a variant
 that fails is recorded as bench train records a failed row, and the others still run.
 """
 import argparse
+import ctypes
 import os
 import shlex
 import sys
@@ -27,6 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import run  # noqa: E402
+
+# cudaDeviceSchedule* of the CUDA runtime: the low three bits of a device's flags
+CUDA_SYNC = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
+_SCHEDULE_BITS = 7
 
 
 def parse_pairs(items, what: str) -> dict:
@@ -49,6 +58,47 @@ def settings_of(text: str, name: str) -> dict:
             raise ValueError(f"--experimental {name}: give k=v[,k=v], got {text!r}")
         settings[key] = value
     return settings
+
+
+def cuda_runtime():
+    """The CUDA runtime torch loaded (found by its soname, so no second copy is loaded)."""
+    import torch
+    lib = ctypes.CDLL(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
+    lib.cudaGetDeviceFlags.argtypes = [ctypes.POINTER(ctypes.c_uint)]
+    lib.cudaSetDeviceFlags.argtypes = [ctypes.c_uint]
+    return lib
+
+
+def _cuda_call(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"--cuda-sync: {what} failed with CUDA error {rc}")
+
+
+class CudaSync:
+    """The current GPU's host waits in ``mode`` (a key of CUDA_SYNC; None: left as they are)
+    for a block, and the flags as they were put back after (the runtime lets an initialised
+    device's flags be set again)."""
+
+    def __init__(self, mode):
+        self.mode, self.before = mode, None
+
+    def __enter__(self):
+        if self.mode is None:
+            return self
+        import torch
+        torch.cuda.init()
+        self.lib = cuda_runtime()
+        flags = ctypes.c_uint()
+        _cuda_call(self.lib.cudaGetDeviceFlags(ctypes.byref(flags)), "cudaGetDeviceFlags")
+        self.before = flags.value
+        _cuda_call(self.lib.cudaSetDeviceFlags((self.before & ~_SCHEDULE_BITS) | CUDA_SYNC[self.mode]),
+                   "cudaSetDeviceFlags")
+        return self
+
+    def __exit__(self, *exc):
+        if self.before is not None:
+            _cuda_call(self.lib.cudaSetDeviceFlags(self.before), "cudaSetDeviceFlags")
+        return False
 
 
 def release_gpu_cache() -> None:
@@ -101,6 +151,9 @@ def main(argv=None) -> None:
                     help="a run: its name and the bench train options it adds (may be empty)")
     ap.add_argument("--experimental", action="append", default=[], metavar="NAME=k=v[,k=v]",
                     help="experimental settings for variant NAME")
+    ap.add_argument("--cuda-sync", action="append", default=[], metavar="NAME=MODE",
+                    help="variant NAME's host waits for the GPU: " + ", ".join(CUDA_SYNC)
+                         + " (CUDA's schedule flag; default: as the process has them)")
     ap.add_argument("--oom-report", action="store_true",
                     help="on a variant's CUDA out-of-memory error, write what held the GPU memory "
                          "to OUT/oom_<name>_<variant>.json (records each live block's stack: slower)")
@@ -112,6 +165,13 @@ def main(argv=None) -> None:
     unknown = sorted(set(experimental) - set(variants))
     if unknown:
         raise ValueError(f"--experimental names no variant: {', '.join(unknown)}")
+    sync = parse_pairs(a.cuda_sync, "--cuda-sync")
+    unknown = sorted(set(sync) - set(variants))
+    if unknown:
+        raise ValueError(f"--cuda-sync names no variant: {', '.join(unknown)}")
+    bad = {k: v for k, v in sync.items() if v not in CUDA_SYNC}
+    if bad:
+        raise ValueError(f"--cuda-sync: a mode is one of {', '.join(CUDA_SYNC)}, got {bad}")
 
     import torch
     import torch_direct
@@ -130,6 +190,8 @@ def main(argv=None) -> None:
         with torch_direct.experimental(**experimental.get(name, {})):
             bench_train.check_bench(args)
         runs.append((name, options, args))
+    if sync and not torch_direct.cuda_available():
+        raise ValueError("--cuda-sync sets how the host waits for a GPU, and CUDA is not available here")
     a.out_dir.mkdir(parents=True, exist_ok=True)
     with keep_reordered():
         for name, options, args in runs:
@@ -148,14 +210,14 @@ def main(argv=None) -> None:
                 from gpu_memory_report import OomReport
                 watch = OomReport(a.out_dir / f"oom_{a.name}_{name}.json")
             try:
-                with torch_direct.experimental(**experimental.get(name, {})):
+                with torch_direct.experimental(**experimental.get(name, {})), CudaSync(sync.get(name)):
                     record = bench_train.run_bench(args, path)
             finally:
                 if watch is not None:
                     watch.close()
             record["variant"] = {"name": name, "options": options, "experimental": experimental.get(name, {}),
                                  "gpu_memory_before": before, "gpu_memory_peak": gpu_memory_peak(),
-                                 "threads_before": left,
+                                 "threads_before": left, "cuda_sync": sync.get(name),
                                  # the caching allocator's settings, read by torch from the
                                  # environment when the process starts (None: its defaults)
                                  "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
