@@ -262,6 +262,32 @@ class TestFeatureStores(TestCase):
             with self.assertRaisesRegex(ValueError, "cached_gather must be split or fused"):
                 make_feature_store("unified", self.x, "cpu", cache_bytes=1000, degree=degree)
 
+    def test_split_gather_reads_misses_in_address_order(self):
+        # The split cached gather hands the store it wraps its misses sorted (rows of host memory
+        # read in address order), each row still written at its own place in the batch; a
+        # unified store under hybrid_split=address sorts them itself, an all-in-GPU one needs
+        # no order. The rows are those of the table either way (4-bit rows included).
+        from torch_direct.gnn.pipeline.packed import make_int4_store
+        degree = torch.arange(500)   # rows 400-499 cached
+        idx = torch.tensor([450, 399, 3, 499, 250, 0, 450, 3])
+        q, qscale = torch_direct.quantize_rows_int4(self.x)
+        for kind, setting, sorted_ in (("unified", None, True), ("cpu_centric", None, True),
+                                       ("unified", "address", False)):
+            with torch_direct.experimental(cached_gather="split", hybrid_split=setting):
+                store = make_feature_store(kind, self.x, "cpu", cache_bytes=100 * 12 * 4, degree=degree)
+                packed = make_int4_store(kind, q, qscale, "cpu", cache_bytes=100 * 6, degree=degree)
+            for s, want in ((store, self.x[idx]),
+                            (packed, torch_direct.dequantize_rows_int4(q, qscale)[idx])):
+                cached = s.packed if s is packed else s
+                seen = []
+                read = cached.store.read
+                with mock.patch.object(cached.store, "read", lambda at, device: seen.append(at) or read(at, device)):
+                    got = s.gather(idx)
+                msg = str((kind, setting, s is packed))
+                self.assertEqual(got, want, atol=0, rtol=0, msg=msg)
+                self.assertEqual(len(seen), 1, msg=msg)
+                self.assertEqual(seen[0].tolist(), [0, 3, 3, 250, 399] if sorted_ else [399, 3, 250, 0, 3], msg=msg)
+
     def test_cached_gather_pass(self):
         # The pass itself: entry j's row written at pos[j], misses and bad rows counted (a slot
         # past the cache: written as zeros), its arguments checked before anything is written.

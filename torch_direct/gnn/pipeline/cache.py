@@ -116,6 +116,12 @@ class CachedFeatureStore(FeatureStore):
         self.hits = self.lookups = 0
         self._count_lock = threading.Lock()   # gathers of several loader threads count here
         self.parts = Parts()   # host seconds of parts of its gathers (loader stats: gather_parts)
+        # The split gather reads its misses from host memory in address order: random rows of a
+        # large table cost CPU threads a page walk each, which rows in order share
+        # (experiments/cpu_row_order_probe.py), and the GPU's reads go faster in order too. A
+        # unified store under hybrid_split=address sorts them itself.
+        self._sort_misses = store.kind == "cpu_centric" or (
+            isinstance(store, UnifiedFeatureStore) and store.hybrid_split != "address")
         # Scores that never rise with the row number (a table in the order of its ranking, as
         # train --reorder frequency makes it) make the first rows the hottest, ties alike: the
         # cache then holds rows 0 .. cache_rows - 1, a row's slot is its number, and the split
@@ -199,8 +205,8 @@ class CachedFeatureStore(FeatureStore):
         the batch's rows with every hit written (``idx`` on the device; ``slot``, int64, each
         row's place in :attr:`cache`, -1 for a miss), before the misses are read;
         ``put_misses(out, miss, at, rows)`` writes the misses' rows (``rows``, read from the
-        wrapped store as it returns them, of the table's rows ``at``) at their positions ``miss``
-        of ``out``. A store that unpacks what it gathers (4-bit rows) passes its own, so that
+        wrapped store as it returns them, of the table's rows ``at``, in address order where
+        that store reads host memory) at their positions ``miss`` of ``out``. A store that unpacks what it gathers (4-bit rows) passes its own, so that
         neither part is written twice."""
         idx = idx.to(device, non_blocking=True)
         # a row's slot, -1 for a miss (a negative index, counted from the end, misses too)
@@ -217,6 +223,9 @@ class CachedFeatureStore(FeatureStore):
         if miss.numel():
             t0 = time.perf_counter()
             at = idx[miss]
+            if self._sort_misses:   # each row still written at its own place: its position moves with it
+                at, order = torch.sort(at)
+                miss = miss[order]
             put_misses(out, miss, at, self.store.read(at, device))
             self.parts.add("misses", time.perf_counter() - t0)
         return out
