@@ -58,7 +58,8 @@
 #   "workers1=;workers2=--gather-workers 2"), in one process over one relabelled copy
 #   (experiments/train_variants.py: the reorder is made once); VARIANT_SETTINGS="name=k=v,k=v;..."
 #   runs a variant under experimental settings (e.g. "fused=cached_gather=fused"); VARIANT_SYNC="name=blocking;..."
-#   runs a variant with its host waits for the GPU in that mode (train_variants.py --cuda-sync); OOM_REPORT=1
+#   runs a variant with its host waits for the GPU in that mode (train_variants.py --cuda-sync);
+#   VARIANT_BATCH_ORDER="name;..." reads those variants' misses in the batch's order, not sorted; OOM_REPORT=1
 #   writes what held the GPU memory at a variant's CUDA out-of-memory error (oom_*.json).
 # - papers-fused-sms: papers-cached-gather's fused run with `--gather-sms N` for each N of
 #   GATHER_SMS_LIST (default "66 33") and gather_kernel=rowblock (one block a row under the cap).
@@ -208,6 +209,8 @@ papers_variants() {  # papers-variants (VARIANTS, VARIANT_SETTINGS; the header s
   for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--experimental "$v"); done
   IFS=';' read -ra vs <<< "${VARIANT_SYNC:-}"
   for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--cuda-sync "$v"); done
+  IFS=';' read -ra vs <<< "${VARIANT_BATCH_ORDER:-}"
+  for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--misses-in-batch-order "$v"); done
   [ "${OOM_REPORT:-0}" = 1 ] && args+=(--oom-report)
   name=papers100M-like_variants_${FEATURE_DTYPE:-stored}_reorder-${REORDER:-frequency}
   cache=(--cache-mb "${CACHE_MB:-13500}")

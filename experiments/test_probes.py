@@ -183,7 +183,8 @@ class TestTrainVariants(TestCase):
                       "--no-progress", "--reorder", "frequency", "--sample-ahead", "--test-nodes", "200"]
             r = self.variants("--out-dir", str(out), "--name", "tiny", "--oom-report", "--variant", "one=",
                               "--variant", "two=--gather-workers 2",
-                              "--experimental", "two=cached_gather=split", "--", *common)
+                              "--experimental", "two=cached_gather=split", "--misses-in-batch-order", "two",
+                              "--", *common)
             self.assertEqual(r.returncode, 0, r.stderr[-2000:])
             one = json.loads((out / "train_tiny_one.json").read_text())
             two = json.loads((out / "train_tiny_two.json").read_text())
@@ -202,10 +203,12 @@ class TestTrainVariants(TestCase):
             # cuda_alloc_conf: the allocator's settings the process inherited (this one's)
             conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
             self.assertEqual(one["variant"], {"name": "one", "options": "", "experimental": {},
-                                              "threads_before": [], "cuda_sync": None, "cuda_alloc_conf": conf})
+                                              "threads_before": [], "cuda_sync": None,
+                                              "misses_in_batch_order": False, "cuda_alloc_conf": conf})
             self.assertEqual(two["variant"], {"name": "two", "options": "--gather-workers 2",
                                               "experimental": {"cached_gather": "split"}, "threads_before": [],
-                                              "cuda_sync": None, "cuda_alloc_conf": conf})
+                                              "cuda_sync": None, "misses_in_batch_order": True,
+                                              "cuda_alloc_conf": conf})
             self.assertEqual((one["args"]["gather_workers"], two["args"]["gather_workers"]), (1, 2))
             u1, u2 = one["rows"][0], two["rows"][0]
             self.assertGreater(u1["reorder_s"], 0)     # the first variant made the relabelled copy
@@ -229,6 +232,8 @@ class TestTrainVariants(TestCase):
                                "--cuda-sync names no variant: b"),
                               (["--out-dir", d, "--name", "x", "--variant", "a=", "--cuda-sync", "a=fast"],
                                "a mode is one of auto, spin, yield, blocking"),
+                              (["--out-dir", d, "--name", "x", "--variant", "a=", "--misses-in-batch-order", "b"],
+                               "--misses-in-batch-order names no variant: b"),
                               # a later variant's option that bench train refuses: no run starts
                               (["--out-dir", d, "--name", "x", "--variant", "a=", "--variant", "b=--cache-mb 8",
                                 "--", "--root", d, "--dataset", "tiny", "--device", "cpu", "--pipelines", "unified"],

@@ -18,7 +18,9 @@ stack and, at a variant's first CUDA out-of-memory error, writes what held the m
 variant NAME with the GPU's host waits in MODE (auto, spin, yield or blocking: how a thread that
 waits for the device, a loader thread's count of misses or the loop's wait for a buffer set,
 gives its core to the others; CUDA's auto spins on a machine of more cores than processes), put
-back to what it was after. The records are OUT/train_<name>_<variant>.json, each
+back to what it was after. `--misses-in-batch-order NAME` runs variant NAME with the cached
+stores' split gathers reading their misses in the batch's order, as before they were sorted
+(`torch_direct.gnn.pipeline.cache.SORT_MISSES`). The records are OUT/train_<name>_<variant>.json, each
 with a "variant" object saying what its run added. Variants run in the order given; a variant
 that fails is recorded as bench train records a failed row, and the others still run.
 """
@@ -154,6 +156,8 @@ def main(argv=None) -> None:
     ap.add_argument("--cuda-sync", action="append", default=[], metavar="NAME=MODE",
                     help="variant NAME's host waits for the GPU: " + ", ".join(CUDA_SYNC)
                          + " (CUDA's schedule flag; default: as the process has them)")
+    ap.add_argument("--misses-in-batch-order", action="append", default=[], metavar="NAME",
+                    help="variant NAME's cached gathers read their misses in the batch's order, not sorted")
     ap.add_argument("--oom-report", action="store_true",
                     help="on a variant's CUDA out-of-memory error, write what held the GPU memory "
                          "to OUT/oom_<name>_<variant>.json (records each live block's stack: slower)")
@@ -172,11 +176,15 @@ def main(argv=None) -> None:
     bad = {k: v for k, v in sync.items() if v not in CUDA_SYNC}
     if bad:
         raise ValueError(f"--cuda-sync: a mode is one of {', '.join(CUDA_SYNC)}, got {bad}")
+    unknown = sorted(set(a.misses_in_batch_order) - set(variants))
+    if unknown:
+        raise ValueError(f"--misses-in-batch-order names no variant: {', '.join(unknown)}")
 
     import torch
     import torch_direct
     from torch_direct.gnn.bench import train as bench_train
     from torch_direct.gnn.outputs import check_writable, write_json
+    from torch_direct.gnn.pipeline import cache
     from torch_direct.gnn.pipeline.train import keep_reordered
 
     parser = argparse.ArgumentParser(prog="bench train")
@@ -210,14 +218,17 @@ def main(argv=None) -> None:
                 from gpu_memory_report import OomReport
                 watch = OomReport(a.out_dir / f"oom_{a.name}_{name}.json")
             try:
+                cache.SORT_MISSES = name not in a.misses_in_batch_order
                 with torch_direct.experimental(**experimental.get(name, {})), CudaSync(sync.get(name)):
                     record = bench_train.run_bench(args, path)
             finally:
+                cache.SORT_MISSES = True
                 if watch is not None:
                     watch.close()
             record["variant"] = {"name": name, "options": options, "experimental": experimental.get(name, {}),
                                  "gpu_memory_before": before, "gpu_memory_peak": gpu_memory_peak(),
                                  "threads_before": left, "cuda_sync": sync.get(name),
+                                 "misses_in_batch_order": name in a.misses_in_batch_order,
                                  # the caching allocator's settings, read by torch from the
                                  # environment when the process starts (None: its defaults)
                                  "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}

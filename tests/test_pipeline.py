@@ -271,9 +271,11 @@ class TestFeatureStores(TestCase):
         degree = torch.arange(500)   # rows 400-499 cached
         idx = torch.tensor([450, 399, 3, 499, 250, 0, 450, 3])
         q, qscale = torch_direct.quantize_rows_int4(self.x)
+        from torch_direct.gnn.pipeline import cache
         for kind, setting, sorted_ in (("unified", None, True), ("cpu_centric", None, True),
-                                       ("unified", "address", False)):
-            with torch_direct.experimental(cached_gather="split", hybrid_split=setting):
+                                       ("unified", "address", False), ("unified", "batch", False)):
+            with torch_direct.experimental(cached_gather="split", hybrid_split=setting if setting != "batch" else None), \
+                    mock.patch.object(cache, "SORT_MISSES", setting != "batch"):   # batch: as before, for comparisons
                 store = make_feature_store(kind, self.x, "cpu", cache_bytes=100 * 12 * 4, degree=degree)
                 packed = make_int4_store(kind, q, qscale, "cpu", cache_bytes=100 * 6, degree=degree)
             for s, want in ((store, self.x[idx]),

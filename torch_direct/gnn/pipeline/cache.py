@@ -31,6 +31,11 @@ def cached_gather_mode() -> str:
 # takes over at the same size: one constant, from the module).
 LARGE_TABLE_BYTES = _features.large_table_bytes
 
+# Whether stores made from now on sort a split gather's misses before a store of host memory
+# reads them (below); False reads them in the batch's order, as before (for comparisons:
+# experiments/train_variants.py --misses-in-batch-order).
+SORT_MISSES = True
+
 
 def check_cache_args(cache_bytes, degree, num_rows, who: str):
     """``degree`` as a flat tensor, after refusing a bad ``cache_bytes`` or a ``degree`` that
@@ -120,8 +125,8 @@ class CachedFeatureStore(FeatureStore):
         # large table cost CPU threads a page walk each, which rows in order share
         # (experiments/cpu_row_order_probe.py), and the GPU's reads go faster in order too. A
         # unified store under hybrid_split=address sorts them itself.
-        self._sort_misses = store.kind == "cpu_centric" or (
-            isinstance(store, UnifiedFeatureStore) and store.hybrid_split != "address")
+        self._sort_misses = SORT_MISSES and (store.kind == "cpu_centric" or (
+            isinstance(store, UnifiedFeatureStore) and store.hybrid_split != "address"))
         # Scores that never rise with the row number (a table in the order of its ranking, as
         # train --reorder frequency makes it) make the first rows the hottest, ties alike: the
         # cache then holds rows 0 .. cache_rows - 1, a row's slot is its number, and the split
