@@ -203,14 +203,14 @@ papers_data_once() {  # generated once a machine
 papers_variants() {  # papers-variants (VARIANTS, VARIANT_SETTINGS; the header says)
   papers_data_once
   local args=() v t0 name cache=()
-  IFS=';' read -ra vs <<< "${VARIANTS:-workers1=;workers2=--gather-workers 2}"
-  for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--variant "$v"); done
-  IFS=';' read -ra vs <<< "${VARIANT_SETTINGS:-}"
-  for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--experimental "$v"); done
-  IFS=';' read -ra vs <<< "${VARIANT_SYNC:-}"
-  for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--cuda-sync "$v"); done
-  IFS=';' read -ra vs <<< "${VARIANT_BATCH_ORDER:-}"
-  for v in "${vs[@]}"; do [ -n "$v" ] && args+=(--misses-in-batch-order "$v"); done
+  each() {  # each non-empty ";"-separated item of $2, passed as option $1
+    IFS=';' read -ra vs <<< "$2"
+    for v in "${vs[@]}"; do [ -n "$v" ] && args+=("$1" "$v"); done
+  }
+  each --variant "${VARIANTS:-workers1=;workers2=--gather-workers 2}"
+  each --experimental "${VARIANT_SETTINGS:-}"
+  each --cuda-sync "${VARIANT_SYNC:-}"
+  each --misses-in-batch-order "${VARIANT_BATCH_ORDER:-}"
   [ "${OOM_REPORT:-0}" = 1 ] && args+=(--oom-report)
   name=papers100M-like_variants_${FEATURE_DTYPE:-stored}_reorder-${REORDER:-frequency}
   cache=(--cache-mb "${CACHE_MB:-13500}")

@@ -52,6 +52,13 @@ def parse_pairs(items, what: str) -> dict:
     return out
 
 
+def check_names(names, variants, flag: str) -> None:
+    """Refuse a per-variant option (``flag``) that names a variant not given."""
+    unknown = sorted(set(names) - set(variants))
+    if unknown:
+        raise ValueError(f"{flag} names no variant: {', '.join(unknown)}")
+
+
 def settings_of(text: str, name: str) -> dict:
     settings = {}
     for part in text.split(","):
@@ -166,19 +173,13 @@ def main(argv=None) -> None:
     if not variants:
         raise ValueError("give at least one --variant NAME=OPTIONS")
     experimental = {k: settings_of(v, k) for k, v in parse_pairs(a.experimental, "--experimental").items()}
-    unknown = sorted(set(experimental) - set(variants))
-    if unknown:
-        raise ValueError(f"--experimental names no variant: {', '.join(unknown)}")
+    check_names(experimental, variants, "--experimental")
     sync = parse_pairs(a.cuda_sync, "--cuda-sync")
-    unknown = sorted(set(sync) - set(variants))
-    if unknown:
-        raise ValueError(f"--cuda-sync names no variant: {', '.join(unknown)}")
+    check_names(sync, variants, "--cuda-sync")
     bad = {k: v for k, v in sync.items() if v not in CUDA_SYNC}
     if bad:
         raise ValueError(f"--cuda-sync: a mode is one of {', '.join(CUDA_SYNC)}, got {bad}")
-    unknown = sorted(set(a.misses_in_batch_order) - set(variants))
-    if unknown:
-        raise ValueError(f"--misses-in-batch-order names no variant: {', '.join(unknown)}")
+    check_names(a.misses_in_batch_order, variants, "--misses-in-batch-order")
 
     import torch
     import torch_direct

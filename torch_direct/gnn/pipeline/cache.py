@@ -211,8 +211,9 @@ class CachedFeatureStore(FeatureStore):
         row's place in :attr:`cache`, -1 for a miss), before the misses are read;
         ``put_misses(out, miss, at, rows)`` writes the misses' rows (``rows``, read from the
         wrapped store as it returns them, of the table's rows ``at``, in address order where
-        that store reads host memory) at their positions ``miss`` of ``out``. A store that unpacks what it gathers (4-bit rows) passes its own, so that
-        neither part is written twice."""
+        that store reads host memory) at their positions ``miss`` of ``out``. A store that
+        unpacks what it gathers (4-bit rows) passes its own, so that neither part is written
+        twice."""
         idx = idx.to(device, non_blocking=True)
         # a row's slot, -1 for a miss (a negative index, counted from the end, misses too)
         slot = (torch.where(idx < self.cache_rows, idx, -1) if self.slot is None else self.slot[idx]).long()
