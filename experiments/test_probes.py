@@ -152,20 +152,23 @@ class TestCpuRowOrderProbe(TestCase):
         with tempfile.TemporaryDirectory() as d:
             out = Path(d) / "order.json"
             r = script("cpu_row_order_probe.py", "--table-gb", "0.01", "--rows", "500", "--repeats", "2",
-                       "--threads", "1,2", "--out", str(out))
+                       "--threads", "1,2", "--pages", "small,huge", "--out", str(out))
             self.assertEqual(r.returncode, 0, r.stderr)
             rec = json.loads(out.read_text())
-            self.assertEqual([p["threads"] for p in rec["points"]], [1, 2])
+            self.assertEqual([(p["pages"], p["threads"]) for p in rec["points"]],
+                             [("small", 1), ("small", 2), ("huge", 1), ("huge", 2)])
             for p in rec["points"]:
+                self.assertTrue(0 <= p["huge_share"] <= 1, p)   # the kernel may refuse huge pages
                 self.assertGreater(p["random_ms"], 0)
                 self.assertGreater(p["sorted_ms"], 0)
                 self.assertAlmostEqual(p["sorted_speedup"], p["random_ms"] / p["sorted_ms"])
-            self.assertEqual(r.stdout.count(" threads: random "), 2)   # a line a thread count
+            self.assertEqual(r.stdout.count(" threads: random "), 4)   # a line a page kind and thread count
 
     def test_bad_input(self):
         for args, msg in ((["--threads", "1,0"], "--threads must list positive counts"),
                           (["--rows", "0"], "--rows: must be positive"),
-                          (["--table-gb", "1e-9", "--row-bytes", "64"], "holds no row")):
+                          (["--table-gb", "1e-9", "--row-bytes", "64"], "holds no row"),
+                          (["--pages", "small,giant"], "--pages lists small and/or huge")):
             r = script("cpu_row_order_probe.py", *args)
             self.assertEqual(r.returncode, 2, (args, r.stderr))
             self.assertIn(msg, r.stderr)
