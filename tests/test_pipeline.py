@@ -344,6 +344,9 @@ class TestFeatureStores(TestCase):
             self.assertEqual(store.table.cpu().view(torch.uint8), x.view(torch.uint8))
             plain = make_feature_store("unified", x, "cpu", scale=sc)
             self.assertEqual(store.gather(self.idx), plain.gather(self.idx), atol=0, rtol=0)
+            # what the kernel granted is reported (it may refuse: 0 is a valid answer), only there
+            self.assertTrue(0.0 <= store.stats()["huge_page_share"] <= 1.0, store.stats())
+            self.assertNotIn("huge_page_share", plain.stats())
         # a table already in unified memory (train's float8 table is made there) moves too
         u = self.x.to("unified")
         with torch_direct.experimental(feature_pages="huge"):
@@ -354,6 +357,23 @@ class TestFeatureStores(TestCase):
         with torch_direct.experimental(feature_pages="giant"):
             with self.assertRaisesRegex(ValueError, "feature_pages must be small, huge or driver, not 'giant'"):
                 make_feature_store("unified", self.x, "cpu")
+
+    def test_huge_page_share_reads_the_tables_mappings(self):
+        # The share comes from the AnonHugePages of the mappings the tensor's bytes lie in, and
+        # only those; a file that cannot be read gives None.
+        from torch_direct.gnn.pipeline.pages import huge_page_share
+        t = torch.zeros(1 << 20, dtype=torch.uint8)
+        lo = t.data_ptr()
+        with tempfile.TemporaryDirectory() as d:
+            smaps = os.path.join(d, "smaps")
+            with open(smaps, "w") as f:
+                f.write(f"{lo - 4096:x}-{lo + (1 << 20):x} rw-p 00000000 00:00 0\n"
+                        "Size:               1028 kB\nAnonHugePages:       512 kB\nVmFlags: rd wr mr mw me ac\n"
+                        f"{lo + (4 << 20):x}-{lo + (8 << 20):x} rw-p 00000000 00:00 0\n"
+                        "AnonHugePages:      4096 kB\n")
+            self.assertEqual(huge_page_share(t, smaps), 0.5)
+            self.assertIsNone(huge_page_share(t, os.path.join(d, "absent")))
+        self.assertIsNone(huge_page_share(t[:0]))
 
     def test_hybrid_split_setting(self):
         # hybrid_split=address changes only which rows a hybrid gather's CPU threads take (GPU

@@ -32,7 +32,7 @@ from contextlib import nullcontext
 import torch
 
 import torch_direct
-from .pages import feature_pages, table_on_pages
+from .pages import feature_pages, huge_page_share, table_on_pages
 from .timing import Parts
 
 HYBRID_SPLITS = ("index", "address")
@@ -235,6 +235,8 @@ class UnifiedFeatureStore(FeatureStore):
             self.table = torch_direct.pin_inplace(x.contiguous())
         else:   # a unified table too (a float8 one made in unified memory) moves to those pages
             self.table = table_on_pages(x, pages)
+        # what the kernel granted of a request for huge pages (stats' huge_page_share)
+        self.huge_share = huge_page_share(self.table) if pages == "huge" and not pin_inplace else None
         # the scales (4 bytes a row) sit in the device's memory, read by the gather kernel; their
         # host copy serves gathers onto the CPU
         self.scale_host = None if scale is None else _host(scale)
@@ -296,6 +298,8 @@ class UnifiedFeatureStore(FeatureStore):
         s = super().stats()
         if self.max_sms is not None:
             s["max_sms"] = self.max_sms
+        if self.huge_share is not None:
+            s["huge_page_share"] = self.huge_share
         if self.cpu_threads:
             s["cpu_threads"] = self.cpu_threads
             if self.cpu_share is not None:

@@ -44,6 +44,31 @@ def huge_page_table(x: torch.Tensor) -> torch.Tensor:
     return torch_direct.pin_inplace(host)
 
 
+def huge_page_share(t: torch.Tensor, smaps: str = "/proc/self/smaps"):
+    """The share of ``t``'s bytes the kernel put on transparent huge pages: the AnonHugePages of
+    the mappings its bytes lie in (``smaps``), over its bytes, at most 1. None where that file
+    cannot be read (not Linux, say). Huge pages are a request (:func:`huge_page_bytes`): this says
+    what the kernel granted."""
+    nbytes = t.numel() * t.element_size()
+    start = t.data_ptr()
+    end = start + nbytes
+    if nbytes == 0:
+        return None
+    huge, inside = 0, False
+    try:
+        with open(smaps) as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):   # a mapping's first line: "lo-hi perms ..."
+                    lo, hi = (int(v, 16) for v in head.split("-"))
+                    inside = lo < end and start < hi
+                elif inside and head == "AnonHugePages:":
+                    huge += int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return min(1.0, huge / nbytes)
+
+
 def table_on_pages(x: torch.Tensor, pages: str) -> torch.Tensor:
     """A unified copy of ``x`` on ``pages`` (one of :data:`PAGES`)."""
     if pages == "huge":
