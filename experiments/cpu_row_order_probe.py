@@ -14,7 +14,7 @@ rate and the ratio:
 With `--pages small,huge` each thread count is timed on a table of 4 KiB pages and on one advised
 for transparent huge pages (2 MiB: one translation covers 32,768 rows of 64 B), as the unified
 store's table is under `TORCH_DIRECT_EXPERIMENTAL=feature_pages=huge`; each point then says how
-much of the table the kernel gave huge pages (`/proc/meminfo`'s AnonHugePages, before and after).
+much of the table the kernel gave huge pages (the AnonHugePages of its mapping, as the store reports).
 
 Each point is the median of --repeats calls (after one), each with a fresh random index of
 --rows distinct-ish rows (drawn with replacement; sorting it is not timed: on the GPU it is a
@@ -38,18 +38,6 @@ def positive(kind):
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
         return v
     return parse
-
-
-def anon_huge_bytes() -> int:
-    """The machine's transparent huge pages in use (/proc/meminfo's AnonHugePages), 0 if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("AnonHugePages:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def time_orders(torch, table, a, threads, kind, huge_share):
@@ -109,15 +97,12 @@ def main(argv=None):
     for kind in pages:
         if kind == "huge":
             sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-            from torch_direct.gnn.pipeline.pages import huge_page_bytes
-            huge0 = anon_huge_bytes()
+            from torch_direct.gnn.pipeline.pages import huge_page_bytes, huge_page_share
             table = huge_page_bytes(n * a.row_bytes).view(n, a.row_bytes)
         else:
             table = torch.empty(n, a.row_bytes, dtype=torch.uint8)
         table.fill_(1)   # every page touched before any timing
-        # an estimate: other processes' huge pages come and go meanwhile
-        huge_share = (min(1.0, max(0.0, (anon_huge_bytes() - huge0) / table.numel()))
-                      if kind == "huge" else 0.0)
+        huge_share = (huge_page_share(table) or 0.0) if kind == "huge" else 0.0
         points += time_orders(torch, table, a, threads, kind, huge_share)
         del table
     finish(a.out, {"benchmark": "cpu_row_order_probe", "table_gb": a.table_gb, "row_bytes": a.row_bytes,

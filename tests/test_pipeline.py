@@ -370,7 +370,7 @@ class TestFeatureStores(TestCase):
                 f.write(f"{lo - 4096:x}-{lo + (1 << 20):x} rw-p 00000000 00:00 0\n"
                         "Size:               1028 kB\nAnonHugePages:       512 kB\nVmFlags: rd wr mr mw me ac\n"
                         f"{lo + (4 << 20):x}-{lo + (8 << 20):x} rw-p 00000000 00:00 0\n"
-                        "AnonHugePages:      4096 kB\n")
+                        "AnonHugePages:      4096 kB\n\n")   # a blank line is skipped
             self.assertEqual(huge_page_share(t, smaps), 0.5)
             self.assertIsNone(huge_page_share(t, os.path.join(d, "absent")))
         self.assertIsNone(huge_page_share(t[:0]))

@@ -58,7 +58,7 @@ def huge_page_share(t: torch.Tensor, smaps: str = "/proc/self/smaps"):
     try:
         with open(smaps) as f:
             for line in f:
-                head = line.split(None, 1)[0]
+                head = line.split(None, 1)[0] if line.strip() else ""
                 if "-" in head and not head.endswith(":"):   # a mapping's first line: "lo-hi perms ..."
                     lo, hi = (int(v, 16) for v in head.split("-"))
                     inside = lo < end and start < hi
