@@ -27,21 +27,15 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import finish, run  # noqa: E402
+from torch_direct.gnn.pipeline.options import positive  # noqa: E402
 
 
-def positive(kind):
-    def parse(text):
-        v = kind(text)
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return v
-    return parse
-
-
-def time_orders(torch, table, a, threads, kind, huge_share):
+def time_orders(table, a, threads, kind, huge_share):
     """Each thread count's median copy time of random rows, in the order drawn and sorted."""
+    import torch
     out = torch.empty(a.rows, a.row_bytes, dtype=torch.uint8)
     n = table.shape[0]
     g = torch.Generator().manual_seed(0)
@@ -96,14 +90,13 @@ def main(argv=None):
     points = []
     for kind in pages:
         if kind == "huge":
-            sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
             from torch_direct.gnn.pipeline.pages import huge_page_bytes, huge_page_share
             table = huge_page_bytes(n * a.row_bytes).view(n, a.row_bytes)
         else:
             table = torch.empty(n, a.row_bytes, dtype=torch.uint8)
         table.fill_(1)   # every page touched before any timing
         huge_share = (huge_page_share(table) or 0.0) if kind == "huge" else 0.0
-        points += time_orders(torch, table, a, threads, kind, huge_share)
+        points += time_orders(table, a, threads, kind, huge_share)
         del table
     finish(a.out, {"benchmark": "cpu_row_order_probe", "table_gb": a.table_gb, "row_bytes": a.row_bytes,
                    "rows": a.rows, "repeats": a.repeats, "pages": pages, "points": points})

@@ -17,8 +17,8 @@ between processes). This probe gathers the same random rows from:
             gather reads (the feature store's ``feature_pages=driver``);
 
 and reports the median time of each, rows per second and GB/s, and how much of the ``thp``
-table the kernel put on huge pages (AnonHugePages in /proc/meminfo: THP is a request the
-kernel may refuse). Each table is read by ``torch_direct.gather`` (the product's kernel) and,
+table the kernel put on huge pages (the AnonHugePages of its own mappings, as the feature store
+reports it: THP is a request the kernel may refuse). Each table is read by ``torch_direct.gather`` (the product's kernel) and,
 on a GPU, by ``torch.index_select`` over a CUDA view of it (the one kernel all three can use).
 On the CPU it runs as a check of the tool, not a measurement.
 
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import finish, run, seconds, write_record  # noqa: E402
 
 import torch_direct  # noqa: E402
-from torch_direct.gnn.pipeline.pages import huge_page_bytes  # noqa: E402
+from torch_direct.gnn.pipeline.pages import huge_page_bytes, huge_page_share  # noqa: E402
 
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 # Whether shared memory (the allocator's memfd blocks) may take huge pages at all: "never" leaves
@@ -90,24 +90,12 @@ def parse(argv=None):
     return a
 
 
-def anon_huge_kb() -> int:
-    """AnonHugePages of /proc/meminfo in KiB (0 where there is none)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def thp_table(rows: int, cols: int):
     """(float32 CPU tensor on memory advised for huge pages, as the feature store's
     ``feature_pages=huge`` table, KiB of it the kernel put on huge pages)."""
     t = huge_page_bytes(rows * cols * 4).view(torch.float32).view(rows, cols)
-    before = anon_huge_kb()
     t.fill_(1.0)   # fault every page in now
-    return t, max(0, anon_huge_kb() - before)
+    return t, int((huge_page_share(t) or 0.0) * rows * cols * 4) // 1024
 
 
 def timed(fn, device, repeats: int) -> list[float]:

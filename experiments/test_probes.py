@@ -23,6 +23,14 @@ def probe(*args):
     return script("step_floor_probe.py", *args)
 
 
+def assert_refused(test, run, cases):
+    """Each ``(args, msg)`` of ``cases``: ``run(*args)`` exits with argparse's status 2 and says ``msg``."""
+    for args, msg in cases:
+        r = run(*args)
+        test.assertEqual(r.returncode, 2, (args, r.stderr[-1000:]))
+        test.assertIn(msg, r.stderr)
+
+
 class TestStepFloorProbe(TestCase):
     def test_runs_every_part_and_writes_json(self):
         with tempfile.TemporaryDirectory() as d:
@@ -72,7 +80,8 @@ class TestStepFloorProbe(TestCase):
 
     def test_bad_input(self):
         with tempfile.TemporaryDirectory() as d:
-            for args, msg in ((["--dataset", "nope"], "unknown data set"),
+            assert_refused(self, lambda *args: probe("--root", d, "--no-progress", *args), (
+                              (["--dataset", "nope"], "unknown data set"),
                               (["--device", "cpu", "--precision", "tf32"], "needs a CUDA device"),
                               (["--batches", "0"], "--batches must be positive"),
                               (["--precision", "fp32,fp8"], "expected comma-separated precisions"),
@@ -90,10 +99,7 @@ class TestStepFloorProbe(TestCase):
                                "both at one priority"),
                               (["--device", "cpu", "--batch-size", "100000"], "make no batch of 100000"),
                               (["--cache-mb", "64"], "--cache-mb applies to --store unified only"),
-                              (["--store", "unified", "--gather-sms", "-1"], "--gather-sms must be >= 0")):
-                r = probe("--root", d, "--no-progress", *args)
-                self.assertEqual(r.returncode, 2, msg=f"{args}: {r.stderr[-500:]}")
-                self.assertIn(msg, r.stderr)
+                              (["--store", "unified", "--gather-sms", "-1"], "--gather-sms must be >= 0")))
             self.assertEqual(list(Path(d).glob("*.json")), [])
 
 
@@ -133,18 +139,15 @@ class TestHugepageGatherProbe(TestCase):
             for t in rec["tables"].values():
                 self.assertEqual(len(t["all_s"]), 2)
                 self.assertGreater(t["Mrows_per_s"], 0)
-                self.assertTrue(0.0 <= t["huge_page_share"] <= 1.5)   # the counter is system-wide
+                self.assertTrue(0.0 <= t["huge_page_share"] <= 1.0)   # of the table's own mappings
             self.assertEqual(rec["tables"]["unified"]["huge_page_kb"], 0)
             self.assertAlmostEqual(rec["thp_speedup"],
                                    rec["tables"]["unified"]["median_s"] / rec["tables"]["thp"]["median_s"])
 
     def test_bad_input(self):
-        for args, msg in ((["--table-gb", "0"], "--table-gb must be positive"),
-                          (["--row-bytes", "6"], "multiple of 4"),
-                          (["--repeats", "0"], "--repeats must be positive")):
-            r = self.run_probe(*args)
-            self.assertEqual(r.returncode, 2, msg=f"{args}: {r.stderr[-500:]}")
-            self.assertIn(msg, r.stderr)
+        assert_refused(self, self.run_probe, ((["--table-gb", "0"], "--table-gb must be positive"),
+                                              (["--row-bytes", "6"], "multiple of 4"),
+                                              (["--repeats", "0"], "--repeats must be positive")))
 
 
 class TestCpuRowOrderProbe(TestCase):
@@ -165,13 +168,11 @@ class TestCpuRowOrderProbe(TestCase):
             self.assertEqual(r.stdout.count(" threads: random "), 4)   # a line a page kind and thread count
 
     def test_bad_input(self):
-        for args, msg in ((["--threads", "1,0"], "--threads must list positive counts"),
-                          (["--rows", "0"], "--rows: must be positive"),
-                          (["--table-gb", "1e-9", "--row-bytes", "64"], "holds no row"),
-                          (["--pages", "small,giant"], "--pages lists small and/or huge")):
-            r = script("cpu_row_order_probe.py", *args)
-            self.assertEqual(r.returncode, 2, (args, r.stderr))
-            self.assertIn(msg, r.stderr)
+        assert_refused(self, lambda *args: script("cpu_row_order_probe.py", *args), (
+            (["--threads", "1,0"], "--threads must list positive counts"),
+            (["--rows", "0"], "--rows: must be positive"),
+            (["--table-gb", "1e-9", "--row-bytes", "64"], "holds no row"),
+            (["--pages", "small,giant"], "--pages lists small and/or huge")))
 
 
 class TestTrainVariants(TestCase):
@@ -222,7 +223,8 @@ class TestTrainVariants(TestCase):
 
     def test_bad_input(self):
         with tempfile.TemporaryDirectory() as d:
-            for args, msg in ((["--out-dir", d, "--name", "x", "--", "--dataset", "tiny"], "at least one --variant"),
+            assert_refused(self, self.variants, (
+                              (["--out-dir", d, "--name", "x", "--", "--dataset", "tiny"], "at least one --variant"),
                               (["--out-dir", d, "--name", "x", "--variant", "a"], "give NAME=VALUE"),
                               (["--out-dir", d, "--name", "x", "--variant", "a=", "--variant", "a=--epochs 1"],
                                "a is given twice"),
@@ -245,10 +247,7 @@ class TestTrainVariants(TestCase):
                               (["--out-dir", d, "--name", "x", "--variant", "a=", "--variant", "b=",
                                 "--experimental", "b=gil_switch_us=0",
                                 "--", "--root", d, "--dataset", "tiny", "--device", "cpu", "--pipelines", "unified"],
-                               "gil_switch_us must be an integer >= 1")):
-                r = self.variants(*args)
-                self.assertEqual(r.returncode, 2, (args, r.stderr))
-                self.assertIn(msg, r.stderr)
+                               "gil_switch_us must be an integer >= 1")))
             self.assertEqual(list(Path(d).iterdir()), [])   # nothing written for a refused command
 
     def test_cuda_sync_needs_a_gpu(self):
@@ -406,15 +405,13 @@ class TestFeatureBitsProbe(TestCase):
 
     def test_bad_input(self):
         with tempfile.TemporaryDirectory() as d:
-            for args, msg in ((["--bits", "9"], "fp8 or an integer from 2 to 8, got '9'"),
+            assert_refused(self, lambda *args: self.probe("--root", d, *args), (
+                              (["--bits", "9"], "fp8 or an integer from 2 to 8, got '9'"),
                               (["--bits", "4,4"], "4 is given twice"),
                               (["--dataset", "ogbn-arxiv"], "--dataset: one of"),
                               (["--", "--root", d], "give --root to the probe"),
                               (["--", "--json=x.json"], "give --json to the probe"),
-                              (["--", "--epochs", "0"], "--epochs")):
-                r = self.probe("--root", d, *args)
-                self.assertEqual(r.returncode, 2, (args, r.stderr[-1000:]))
-                self.assertIn(msg, r.stderr)
+                              (["--", "--epochs", "0"], "--epochs")))
             self.assertEqual(list(Path(d).iterdir()), [])   # nothing generated before the checks
 
 
@@ -435,12 +432,10 @@ class TestInt4ReadProbe(TestCase):
             self.assertTrue(0 < rec["misses"] < 3000)
 
     def test_bad_input(self):
-        for args, msg in ((["--hit-rate", "1"], "--hit-rate must lie strictly between 0 and 1"),
-                          (["--batch", "0"], "must be >= 1"),
-                          (["--device", "meta"], "--device must be cuda or cpu")):
-            r = script("int4_read_probe.py", *args)
-            self.assertEqual(r.returncode, 2, (args, r.stderr[-1000:]))
-            self.assertIn(msg, r.stderr)
+        assert_refused(self, lambda *args: script("int4_read_probe.py", *args), (
+            (["--hit-rate", "1"], "--hit-rate must lie strictly between 0 and 1"),
+            (["--batch", "0"], "must be >= 1"),
+            (["--device", "meta"], "--device must be cuda or cpu")))
 
 
 if __name__ == "__main__":
